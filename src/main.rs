@@ -1,1 +1,18 @@
-fn main(){}
+use std::process::ExitCode;
+
+use clap::Parser;
+use lakemount::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Mount(args) => lakemount::app::run_mount(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lakemount: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

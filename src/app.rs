@@ -1,0 +1,165 @@
+//! Composition root: config -> store -> fs -> FUSE session; signals; ordered
+//! shutdown. `run_mount` is what `lakemount mount` does.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use fuser::{MountOption, SessionACL};
+use tracing::{info, warn};
+
+use crate::cli::{MountArgs, Source};
+use crate::config::Config;
+use crate::daemon;
+use crate::fs::Fs;
+use crate::fuse::FuseFs;
+use crate::store::s3::S3Store;
+use crate::store::{ObjectStore, StoreError};
+use crate::telemetry;
+
+/// Runs `lakemount mount`: returns when the file system is unmounted (SIGINT,
+/// SIGTERM, `umount`). Errors carry a one-line reason: bad config, mount point
+/// not a directory, bucket missing, access denied, endpoint unreachable.
+pub fn run_mount(args: &MountArgs) -> anyhow::Result<()> {
+    let source = Source::parse(&args.source).map_err(anyhow::Error::msg)?;
+    let config = args.to_config()?;
+    check_mountpoint(&args.mountpoint)?;
+    if args.daemon && !daemon::is_child() {
+        return daemon::spawn_and_wait(args.log_file.as_deref());
+    }
+    telemetry::init_logging(&config.telemetry.log_level)?;
+    let result = mount_and_serve(&source, &args.mountpoint, &config);
+    if let Err(e) = &result {
+        daemon::report_failure(&format!("{e:#}"));
+    }
+    result
+}
+
+fn check_mountpoint(path: &Path) -> anyhow::Result<()> {
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("mount point {}", path.display()))?;
+    if !meta.is_dir() {
+        bail!("mount point {} is not a directory", path.display());
+    }
+    Ok(())
+}
+
+/// Tokio worker threads: every core, at least 2 (one may wait on the disk).
+fn worker_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
+}
+
+fn mount_and_serve(source: &Source, mountpoint: &Path, config: &Config) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(worker_threads())
+        .thread_name("lakemount-rt")
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let store = rt.block_on(async {
+        telemetry::metrics::install(config.telemetry.metrics_addr)?;
+        let store = S3Store::new(&source.bucket, &config.s3).await?;
+        probe(&store, source, config).await?;
+        anyhow::Ok(store)
+    })?;
+    let fs = Arc::new(Fs::new(
+        Arc::new(store),
+        &source.prefix,
+        &config.mount,
+        config.metadata.clone(),
+        config.read.clone(),
+    ));
+    let adapter = FuseFs::new(fs, rt.handle().clone());
+    let mut options = vec![
+        MountOption::FSName(format!("lakemount:{}/{}", source.bucket, source.prefix)),
+        MountOption::Subtype("lakemount".into()),
+        MountOption::RO,
+        MountOption::DefaultPermissions,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoAtime,
+    ];
+    if config.mount.allow_other {
+        options.push(MountOption::CUSTOM("allow_other".into()));
+    }
+    let mut fuse_config = fuser::Config::default();
+    fuse_config.mount_options = options;
+    fuse_config.acl = if config.mount.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    fuse_config.n_threads = Some(config.mount.fuse_threads);
+    fuse_config.clone_fd = true;
+    let mut session = fuser::Session::new(adapter, mountpoint, &fuse_config)
+        .with_context(|| format!("mounting at {}", mountpoint.display()))?;
+    let mut unmounter = session.unmount_callable();
+    rt.spawn(async move {
+        wait_for_signal().await;
+        info!("signal received, unmounting");
+        if let Err(e) = unmounter.unmount() {
+            warn!("unmount failed: {e}");
+        }
+    });
+    info!(
+        bucket = %source.bucket,
+        prefix = %source.prefix,
+        mountpoint = %mountpoint.display(),
+        "mounted (read-only)"
+    );
+    daemon::report_ready();
+    let served = session.run();
+    for line in telemetry::metrics::s3_request_summary() {
+        info!("{line}");
+    }
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    served.context("FUSE session")?;
+    info!("unmounted");
+    Ok(())
+}
+
+/// One ListObjectsV2 of at most one key under the prefix: proves the endpoint
+/// answers, the bucket exists and listing is allowed, before mounting.
+async fn probe(store: &S3Store, source: &Source, config: &Config) -> anyhow::Result<()> {
+    let endpoint = config
+        .s3
+        .endpoint_url
+        .clone()
+        .unwrap_or_else(|| "AWS S3".to_string());
+    match store.list_page(&source.prefix, Some("/"), None, 1).await {
+        Ok(_) => Ok(()),
+        Err(StoreError::NoSuchBucket) | Err(StoreError::NotFound) => {
+            bail!("bucket {:?} does not exist at {endpoint}", source.bucket)
+        }
+        Err(StoreError::AccessDenied(m)) => bail!(
+            "access denied listing s3://{}/{} at {endpoint} ({m}); check the credentials \
+             (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, --profile) or use --no-sign-request \
+             for a public bucket",
+            source.bucket,
+            source.prefix
+        ),
+        Err(StoreError::Transient(m)) | Err(StoreError::Throttled(m)) => {
+            bail!("cannot reach S3 endpoint {endpoint}: {m}")
+        }
+        Err(e) => bail!(
+            "listing s3://{}/{} at {endpoint}: {e}",
+            source.bucket,
+            source.prefix
+        ),
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        warn!("cannot install signal handlers; unmount with `umount`");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+}

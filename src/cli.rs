@@ -1,0 +1,279 @@
+//! Command line: clap types and their mapping onto [`Config`]. No I/O here
+//! except reading the `--config` file.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{Config, ConfigError};
+
+/// Mount an S3 / MinIO bucket as a read-only POSIX tree.
+#[derive(Debug, Parser)]
+#[command(name = "lakemount", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Mount s3://BUCKET[/PREFIX] at MOUNTPOINT (read-only). Stays in the
+    /// foreground until SIGINT/SIGTERM or `umount`, unless --daemon.
+    Mount(MountArgs),
+}
+
+/// `lakemount mount` arguments. Each option overrides the config file key named
+/// in its help; each `LAKEMOUNT_*` variable overrides the file, the option the variable.
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// Bucket and optional prefix: s3://BUCKET[/PREFIX].
+    pub source: String,
+    /// Existing directory to mount on.
+    pub mountpoint: PathBuf,
+
+    /// TOML config file (see config/lakemount.toml for every key).
+    #[arg(long, env = "LAKEMOUNT_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// S3 endpoint for MinIO and other S3-compatible stores [s3.endpoint_url].
+    #[arg(long, env = "LAKEMOUNT_ENDPOINT_URL", value_name = "URL")]
+    pub endpoint_url: Option<String>,
+    /// Region [s3.region].
+    #[arg(long, env = "LAKEMOUNT_REGION")]
+    pub region: Option<String>,
+    /// Shared-config profile for credentials [s3.profile].
+    #[arg(long, env = "LAKEMOUNT_PROFILE")]
+    pub profile: Option<String>,
+    /// Path-style addressing (default for a custom endpoint) [s3.force_path_style].
+    #[arg(long, conflicts_with = "virtual_hosted_style")]
+    pub force_path_style: bool,
+    /// Virtual-hosted-style addressing (BUCKET.endpoint) [s3.force_path_style = false].
+    #[arg(long)]
+    pub virtual_hosted_style: bool,
+    /// Send unsigned requests (public buckets) [s3.no_sign_request].
+    #[arg(long)]
+    pub no_sign_request: bool,
+    /// PEM CA bundle to trust for HTTPS (internal CA); default AWS_CA_BUNDLE [s3.ca_bundle].
+    #[arg(long, env = "LAKEMOUNT_CA_BUNDLE", value_name = "FILE")]
+    pub ca_bundle: Option<PathBuf>,
+
+    /// Mount options, comma-separated: allow_other, ro, uid=N, gid=N,
+    /// file_mode=OCTAL, dir_mode=OCTAL.
+    #[arg(short = 'o', value_name = "OPTIONS", value_delimiter = ',')]
+    pub options: Vec<String>,
+    /// Let other users access the mount [mount.allow_other].
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Owner of every entry [mount.uid].
+    #[arg(long)]
+    pub uid: Option<u32>,
+    /// Group of every entry [mount.gid].
+    #[arg(long)]
+    pub gid: Option<u32>,
+    /// File permission bits, octal, e.g. 644 [mount.file_mode].
+    #[arg(long, value_parser = parse_octal)]
+    pub file_mode: Option<u16>,
+    /// Directory permission bits, octal, e.g. 755 [mount.dir_mode].
+    #[arg(long, value_parser = parse_octal)]
+    pub dir_mode: Option<u16>,
+    /// Read-only mount (the only mode for now; accepted for clarity) [mount.read_only].
+    #[arg(long)]
+    pub read_only: bool,
+
+    /// Listing/attribute TTL in seconds; 0 lists on every lookup [metadata.ttl_secs].
+    #[arg(long, env = "LAKEMOUNT_METADATA_TTL", value_name = "SECS")]
+    pub metadata_ttl: Option<f64>,
+
+    /// Log filter (error, warn, info, debug, trace); RUST_LOG wins [telemetry.log_level].
+    #[arg(long, env = "LAKEMOUNT_LOG_LEVEL", value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics [telemetry.metrics_addr].
+    #[arg(long, env = "LAKEMOUNT_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+
+    /// Detach into the background once mounted; the command exits 0 when the
+    /// mount is ready, or non-zero with the reason.
+    #[arg(long, conflicts_with = "foreground")]
+    pub daemon: bool,
+    /// Stay in the foreground (the default).
+    #[arg(long)]
+    pub foreground: bool,
+    /// With --daemon: append logs to this file (default: discarded).
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
+}
+
+fn parse_octal(s: &str) -> Result<u16, String> {
+    let digits = s.trim_start_matches("0o");
+    u16::from_str_radix(digits, 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("{s:?} is not an octal mode from 0 to 7777"))
+}
+
+/// The bucket and key prefix of `s3://BUCKET[/PREFIX]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    /// Bucket name.
+    pub bucket: String,
+    /// Key prefix: `""` or ending in `/`.
+    pub prefix: String,
+}
+
+impl Source {
+    /// Parses `s3://BUCKET[/PREFIX]` (the `s3://` may be left out).
+    /// Errors: an empty bucket, or a bucket name outside S3's 3-63 characters
+    /// of lowercase letters, digits, `.` and `-` ("Bucket naming rules").
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let rest = s.strip_prefix("s3://").unwrap_or(s);
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        let valid = (3..=63).contains(&bucket.len())
+            && bucket
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+        if !valid {
+            return Err(format!(
+                "{s:?}: bucket name {bucket:?} must be 3-63 characters of a-z, 0-9, '.', '-' \
+                 (expected s3://BUCKET[/PREFIX])"
+            ));
+        }
+        let prefix = prefix.trim_start_matches('/');
+        let prefix = if prefix.is_empty() || prefix.ends_with('/') {
+            prefix.to_string()
+        } else {
+            format!("{prefix}/")
+        };
+        Ok(Self {
+            bucket: bucket.to_string(),
+            prefix,
+        })
+    }
+}
+
+impl MountArgs {
+    /// The config file (if any) with this command line laid over it, validated.
+    pub fn to_config(&self) -> Result<Config, ConfigError> {
+        let mut c = match &self.config {
+            Some(path) => Config::from_file(path)?,
+            None => Config::default(),
+        };
+        let s3 = &mut c.s3;
+        set(&mut s3.endpoint_url, self.endpoint_url.clone());
+        set(&mut s3.region, self.region.clone());
+        set(&mut s3.profile, self.profile.clone());
+        set(&mut s3.ca_bundle, self.ca_bundle.clone());
+        if self.force_path_style {
+            s3.force_path_style = Some(true);
+        }
+        if self.virtual_hosted_style {
+            s3.force_path_style = Some(false);
+        }
+        s3.no_sign_request |= self.no_sign_request;
+        let m = &mut c.mount;
+        for opt in self
+            .options
+            .iter()
+            .map(|o| o.trim())
+            .filter(|o| !o.is_empty())
+        {
+            let invalid = |message: String| ConfigError::Invalid { key: "-o", message };
+            match opt.split_once('=') {
+                None if opt == "allow_other" => m.allow_other = true,
+                None if opt == "ro" => m.read_only = true,
+                Some(("uid", v)) => {
+                    m.uid = Some(v.parse().map_err(|_| invalid(format!("uid={v}")))?)
+                }
+                Some(("gid", v)) => {
+                    m.gid = Some(v.parse().map_err(|_| invalid(format!("gid={v}")))?)
+                }
+                Some(("file_mode", v)) => m.file_mode = parse_octal(v).map_err(invalid)?,
+                Some(("dir_mode", v)) => m.dir_mode = parse_octal(v).map_err(invalid)?,
+                _ => {
+                    return Err(invalid(format!(
+                        "unknown option {opt:?}; accepted: allow_other, ro, uid=N, gid=N, \
+                         file_mode=OCTAL, dir_mode=OCTAL"
+                    )));
+                }
+            }
+        }
+        m.allow_other |= self.allow_other;
+        set(&mut m.uid, self.uid);
+        set(&mut m.gid, self.gid);
+        if let Some(v) = self.file_mode {
+            m.file_mode = v;
+        }
+        if let Some(v) = self.dir_mode {
+            m.dir_mode = v;
+        }
+        if self.read_only {
+            m.read_only = true;
+        }
+        if let Some(v) = self.metadata_ttl {
+            c.metadata.ttl_secs = v;
+        }
+        if let Some(v) = &self.log_level {
+            c.telemetry.log_level = v.clone();
+        }
+        set(&mut c.telemetry.metrics_addr, self.metrics_addr);
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// Overrides `slot` when the command line gave a value.
+fn set<T>(slot: &mut Option<T>, v: Option<T>) {
+    if v.is_some() {
+        *slot = v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources() {
+        let s = Source::parse("s3://my-bucket/a/b").unwrap();
+        assert_eq!(
+            (s.bucket.as_str(), s.prefix.as_str()),
+            ("my-bucket", "a/b/")
+        );
+        assert_eq!(Source::parse("s3://bkt").unwrap().prefix, "");
+        assert_eq!(Source::parse("bkt/x/").unwrap().prefix, "x/");
+        assert!(Source::parse("s3://").is_err());
+        assert!(Source::parse("s3://Bad_Bucket").is_err());
+    }
+
+    #[test]
+    fn command_line_overrides_file() {
+        let dir = std::env::temp_dir().join(format!("lakemount-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(
+            &file,
+            "[metadata]\nttl_secs = 5.0\n[mount]\nfile_mode = 0o600\n",
+        )
+        .unwrap();
+        let cli = Cli::parse_from([
+            "lakemount",
+            "mount",
+            "s3://bkt",
+            "/mnt",
+            "--config",
+            file.to_str().unwrap(),
+            "--metadata-ttl",
+            "7",
+            "-o",
+            "allow_other,uid=12",
+        ]);
+        let Command::Mount(args) = cli.command;
+        let c = args.to_config().unwrap();
+        assert_eq!(c.metadata.ttl_secs, 7.0);
+        assert_eq!(c.mount.file_mode, 0o600);
+        assert!(c.mount.allow_other);
+        assert_eq!(c.mount.uid, Some(12));
+    }
+}

@@ -1,0 +1,239 @@
+//! The whole configuration: the TOML file's schema, defaults, and validation.
+//! Precedence: built-in default < file (`--config`) < environment < command line.
+//! Each section is owned by its module; this file only aggregates them.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::fs::MountConfig;
+use crate::meta::MetaConfig;
+use crate::read::ReadConfig;
+use crate::store::s3::S3Config;
+
+/// Logging and metrics (`[telemetry]` in the config file).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// Log filter: `error`, `warn`, `info`, `debug`, `trace`, or a tracing
+    /// directive list (`lakemount=debug,fuser=warn`). `RUST_LOG` wins when set.
+    pub log_level: String,
+    /// Serve Prometheus metrics at `http://ADDR/metrics`. `None`: not served.
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            log_level: "info".into(),
+            metrics_addr: None,
+        }
+    }
+}
+
+/// Everything `lakemount mount` needs besides the source and the mount point.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// S3 connection.
+    pub s3: S3Config,
+    /// Ownership, permissions, FUSE session.
+    pub mount: MountConfig,
+    /// Metadata caches.
+    pub metadata: MetaConfig,
+    /// Read path.
+    pub read: ReadConfig,
+    /// Logging and metrics.
+    pub telemetry: TelemetryConfig,
+}
+
+/// A config error: names the key and what is accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// File path.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The TOML is malformed, has an unknown key, or a value of the wrong type.
+    #[error("config file {path}: {message}")]
+    Parse {
+        /// File path.
+        path: String,
+        /// The parser's message, naming the key and its line.
+        message: String,
+    },
+    /// A value is out of its accepted range.
+    #[error("invalid value for {key}: {message}")]
+    Invalid {
+        /// Dotted key, e.g. `read.part_size`.
+        key: &'static str,
+        /// What is accepted.
+        message: String,
+    },
+}
+
+/// S3's largest object part for a single ranged GET that still makes sense
+/// here; also the S3 maximum part size of a multipart upload (5 GiB, "Amazon S3
+/// multipart upload limits").
+const MAX_PART_SIZE: u64 = 5 << 30;
+
+impl Config {
+    /// Parses TOML text. Unknown keys and wrong types are errors naming the key.
+    pub fn from_toml(text: &str, path: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })
+    }
+
+    /// Reads and parses a config file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+
+    /// Checks ranges and relations between values.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key, message: String| Err(ConfigError::Invalid { key, message });
+        let r = &self.read;
+        if r.part_size == 0 || r.part_size > MAX_PART_SIZE {
+            return bad(
+                "read.part_size",
+                format!("{} bytes; accepted: 1 to {MAX_PART_SIZE}", r.part_size),
+            );
+        }
+        if r.initial_window == 0 {
+            return bad("read.initial_window", "0; accepted: at least 1 byte".into());
+        }
+        if r.max_window < r.initial_window {
+            return bad(
+                "read.max_window",
+                format!(
+                    "{} is below read.initial_window ({})",
+                    r.max_window, r.initial_window
+                ),
+            );
+        }
+        let m = &self.mount;
+        if m.file_mode > 0o7777 {
+            return bad(
+                "mount.file_mode",
+                format!("{:o}; accepted: octal 0 to 7777", m.file_mode),
+            );
+        }
+        if m.dir_mode > 0o7777 {
+            return bad(
+                "mount.dir_mode",
+                format!("{:o}; accepted: octal 0 to 7777", m.dir_mode),
+            );
+        }
+        if !m.read_only {
+            return bad(
+                "mount.read_only",
+                "false; only read-only mounts exist for now".into(),
+            );
+        }
+        if m.fuse_threads == 0 || m.fuse_threads > 64 {
+            return bad(
+                "mount.fuse_threads",
+                format!("{}; accepted: 1 to 64", m.fuse_threads),
+            );
+        }
+        let t = &self.metadata;
+        if !(t.ttl_secs >= 0.0 && t.ttl_secs.is_finite()) {
+            return bad(
+                "metadata.ttl_secs",
+                format!("{}; accepted: 0 or more seconds", t.ttl_secs),
+            );
+        }
+        if t.kernel_ttl_secs
+            .is_some_and(|k| !(k >= 0.0 && k.is_finite()))
+        {
+            return bad(
+                "metadata.kernel_ttl_secs",
+                "accepted: 0 or more seconds".into(),
+            );
+        }
+        let s = &self.s3;
+        if s.max_attempts == 0 || s.max_attempts > 20 {
+            return bad(
+                "s3.max_attempts",
+                format!("{}; accepted: 1 to 20", s.max_attempts),
+            );
+        }
+        if !(s.connect_timeout_secs > 0.0 && s.connect_timeout_secs.is_finite()) {
+            return bad(
+                "s3.connect_timeout_secs",
+                "accepted: more than 0 seconds".into(),
+            );
+        }
+        if !(s.attempt_timeout_secs > 0.0 && s.attempt_timeout_secs.is_finite()) {
+            return bad(
+                "s3.attempt_timeout_secs",
+                "accepted: more than 0 seconds".into(),
+            );
+        }
+        if let Some(url) = &s.endpoint_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return bad(
+                "s3.endpoint_url",
+                format!("{url:?}; accepted: an http:// or https:// URL"),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_example_parses_to_the_defaults() {
+        let text = include_str!("../config/lakemount.toml");
+        let c = Config::from_toml(text, "config/lakemount.toml").unwrap();
+        assert_eq!(c, Config::default());
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = Config::from_toml("[read]\npart_sise = 5\n", "x.toml").unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("part_sise"), "{msg}");
+        let e = Config::from_toml("colour = 1\n", "x.toml").unwrap_err();
+        assert!(e.to_string().contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_is_named() {
+        let e = Config::from_toml("[read]\npart_size = \"big\"\n", "x.toml").unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("part_size"), "{msg}");
+    }
+
+    #[test]
+    fn out_of_range_is_named() {
+        let mut c = Config::default();
+        c.read.max_window = 1;
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(msg.contains("read.max_window"), "{msg}");
+        let mut c = Config::default();
+        c.mount.read_only = false;
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("mount.read_only")
+        );
+    }
+}

@@ -1,0 +1,103 @@
+//! `--daemon`: the parent re-executes itself as a detached child (new session,
+//! stdio away from the terminal) and waits on a pipe until the child reports
+//! "ready" or an error, so `lakemount mount --daemon` exits 0 only once the
+//! mount is usable. Re-executing, not `fork`, because forking a process that
+//! already runs threads is unsafe.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, bail};
+
+/// Environment variable carrying the child's end of the readiness pipe.
+const READY_FD_ENV: &str = "LAKEMOUNT_DAEMON_READY_FD";
+
+/// Whether this process is the detached child.
+pub fn is_child() -> bool {
+    std::env::var_os(READY_FD_ENV).is_some()
+}
+
+/// Starts the child and waits for its word. Errors: the child's own reason.
+pub fn spawn_and_wait(log_file: Option<&Path>) -> anyhow::Result<()> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a valid array of two ints for pipe(2) to fill.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        bail!("pipe: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: pipe(2) just returned these descriptors; we own them.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: F_SETFD on a descriptor we own; the read end must not leak into the child.
+    unsafe { libc::fcntl(fds[0], libc::F_SETFD, libc::FD_CLOEXEC) };
+    let log = match log_file {
+        Some(p) => Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("--log-file {}", p.display()))?,
+        ),
+        None => Stdio::null(),
+    };
+    let mut cmd = Command::new(std::env::current_exe().context("locating own executable")?);
+    cmd.args(std::env::args_os().skip(1))
+        .env(READY_FD_ENV, fds[1].to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context("starting the daemon process")?;
+    drop(write_end);
+    let mut line = String::new();
+    BufReader::new(std::fs::File::from(read_end))
+        .read_line(&mut line)
+        .context("waiting for the daemon")?;
+    match line.trim_end().split_once(' ') {
+        _ if line.trim_end() == "ready" => {
+            eprintln!(
+                "lakemount: mounted, running in the background as pid {}",
+                child.id()
+            );
+            Ok(())
+        }
+        Some(("error", reason)) => bail!("{reason}"),
+        _ => bail!("the daemon process exited before mounting (see --log-file)"),
+    }
+}
+
+/// Set once the parent got its one message.
+static SENT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn send(msg: &str) {
+    if SENT.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return;
+    }
+    let Some(fd) = std::env::var(READY_FD_ENV)
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+    else {
+        return;
+    };
+    // SAFETY: the parent passed us this descriptor; we use it once and close it.
+    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+    let _ = writeln!(f, "{msg}");
+}
+
+/// Tells a waiting parent the mount is ready (no-op in the foreground).
+pub fn report_ready() {
+    send("ready");
+}
+
+/// Tells a waiting parent why mounting failed (no-op in the foreground).
+pub fn report_failure(reason: &str) {
+    send(&format!("error {}", reason.replace('\n', " ")));
+}

@@ -1,0 +1,82 @@
+//! File-system errors and their errno, mapped in exactly one place.
+
+use crate::store::StoreError;
+
+/// Errors of file-system operations. [`FsError::errno`] is the only errno mapping.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum FsError {
+    /// No such entry, or an inode the kernel already forgot.
+    #[error("no such file or directory")]
+    NotFound,
+    /// A path component is not a directory.
+    #[error("not a directory")]
+    NotDir,
+    /// The operation needs a file but got a directory.
+    #[error("is a directory")]
+    IsDir,
+    /// A name over 255 bytes.
+    #[error("file name too long")]
+    NameTooLong,
+    /// A write on the read-only mount.
+    #[error("read-only file system")]
+    ReadOnly,
+    /// An unknown file or directory handle.
+    #[error("bad file handle")]
+    BadHandle,
+    /// The object changed or vanished since it was opened.
+    #[error("object changed since open")]
+    Stale,
+    /// An error of the object store.
+    #[error("object store: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl FsError {
+    /// The errno the kernel gets. Throttling is never ENOENT; a missing object
+    /// is never EIO.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => libc::ENOENT,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::NameTooLong => libc::ENAMETOOLONG,
+            FsError::ReadOnly => libc::EROFS,
+            FsError::BadHandle => libc::EBADF,
+            FsError::Stale => libc::ESTALE,
+            FsError::Store(e) => match e {
+                StoreError::NotFound => libc::ENOENT,
+                StoreError::PreconditionFailed => libc::ESTALE,
+                StoreError::AccessDenied(_) => libc::EACCES,
+                StoreError::NoSuchBucket
+                | StoreError::InvalidRange
+                | StoreError::Throttled(_)
+                | StoreError::Transient(_)
+                | StoreError::Other(_) => libc::EIO,
+            },
+        }
+    }
+
+    /// Whether this is an expected answer (ENOENT, EISDIR, ...) rather than a
+    /// fault worth a warning in the log.
+    pub fn is_expected(&self) -> bool {
+        !matches!(self, FsError::Store(_) | FsError::Stale)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throttling_is_never_enoent_and_missing_is_never_eio() {
+        assert_eq!(
+            FsError::from(StoreError::Throttled("x".into())).errno(),
+            libc::EIO
+        );
+        assert_eq!(FsError::from(StoreError::NotFound).errno(), libc::ENOENT);
+        assert_eq!(
+            FsError::from(StoreError::PreconditionFailed).errno(),
+            libc::ESTALE
+        );
+    }
+}

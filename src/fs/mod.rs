@@ -1,0 +1,416 @@
+//! POSIX operations over the metadata and read layers, as async functions
+//! returning `Result<T, FsError>`. Knows nothing of fuser: `fuse/` adapts.
+
+pub mod error;
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use serde::Deserialize;
+
+pub use error::FsError;
+
+use crate::meta::names::{BadName, check_name};
+use crate::meta::{Attr, EntryKind, ListedEntry, Meta, MetaConfig, ROOT_INO};
+use crate::read::{ReadConfig, Reader};
+use crate::store::ObjectStore;
+
+/// Ownership, permissions and FUSE session settings (`[mount]` in the config file).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MountConfig {
+    /// Owner of every file and directory. `None`: the user who mounts.
+    pub uid: Option<u32>,
+    /// Group of every file and directory. `None`: the group of who mounts.
+    pub gid: Option<u32>,
+    /// Permission bits of files (write bits are shown but writes get EROFS).
+    pub file_mode: u16,
+    /// Permission bits of directories.
+    pub dir_mode: u16,
+    /// Let users other than the mounting one access the mount (`-o allow_other`).
+    pub allow_other: bool,
+    /// Read-only mount; the only mode for now, so `false` is refused.
+    pub read_only: bool,
+    /// Threads reading FUSE requests from the kernel. Each only decodes a
+    /// request and hands it to the async runtime, so a few suffice.
+    pub fuse_threads: usize,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        Self {
+            uid: None,
+            gid: None,
+            file_mode: 0o644,
+            dir_mode: 0o755,
+            allow_other: false,
+            read_only: true,
+            fuse_threads: 4,
+        }
+    }
+}
+
+/// `stat` of one inode, in the units POSIX uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stat {
+    /// Inode number.
+    pub ino: u64,
+    /// File or directory.
+    pub kind: EntryKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// 512-byte blocks: ceil(size / 512), so `du` agrees with `du --apparent-size`.
+    pub blocks: u64,
+    /// Modification time (UTC).
+    pub mtime: SystemTime,
+    /// Permission bits.
+    pub perm: u16,
+    /// Hard links: 1 for files, 2 for directories.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+}
+
+/// One entry of a directory read.
+#[derive(Clone, Debug)]
+pub struct DirEntry {
+    /// Offset to resume after this entry (telldir value).
+    pub offset: u64,
+    /// Name bytes.
+    pub name: String,
+    /// Attributes; for readdirplus the kernel holds one more lookup of `stat.ino`.
+    pub stat: Stat,
+}
+
+/// Answer of `open`.
+#[derive(Clone, Copy, Debug)]
+pub struct Opened {
+    /// File handle.
+    pub fh: u64,
+    /// The kernel page cache already holds this ETag's data: keep it (FOPEN_KEEP_CACHE).
+    pub keep_cache: bool,
+}
+
+struct DirHandle {
+    ino: u64,
+    prefix: String,
+    entries: Arc<Vec<ListedEntry>>,
+}
+
+/// The file system.
+pub struct Fs<S> {
+    store: Arc<S>,
+    meta: Meta<S>,
+    read_config: ReadConfig,
+    uid: u32,
+    gid: u32,
+    file_mode: u16,
+    dir_mode: u16,
+    /// Directory mtime: the mount time.
+    mounted_at: SystemTime,
+    files: Mutex<HashMap<u64, Arc<Reader<S>>>>,
+    dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
+    next_fh: AtomicU64,
+}
+
+/// `.` and `..` take offsets 1 and 2; entry `i` of a listing takes `i + 3`.
+const FIRST_ENTRY_OFFSET: u64 = 3;
+
+impl<S: ObjectStore> Fs<S> {
+    /// A file system over `store` rooted at `root_prefix` (`""` or ending in `/`).
+    pub fn new(
+        store: Arc<S>,
+        root_prefix: &str,
+        mount: &MountConfig,
+        meta: MetaConfig,
+        read: ReadConfig,
+    ) -> Self {
+        // SAFETY: getuid/getgid cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Self {
+            meta: Meta::new(store.clone(), meta, root_prefix),
+            store,
+            read_config: read,
+            uid: mount.uid.unwrap_or(uid),
+            gid: mount.gid.unwrap_or(gid),
+            file_mode: mount.file_mode & 0o7777,
+            dir_mode: mount.dir_mode & 0o7777,
+            mounted_at: SystemTime::now(),
+            files: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    /// How long the kernel may cache entries and attributes.
+    pub fn kernel_ttl(&self) -> Duration {
+        self.meta.config().kernel_ttl()
+    }
+
+    fn stat(&self, a: &Attr) -> Stat {
+        match a.kind {
+            EntryKind::File => Stat {
+                ino: a.ino,
+                kind: a.kind,
+                size: a.size,
+                blocks: a.size.div_ceil(512),
+                mtime: a.mtime.unwrap_or(self.mounted_at),
+                perm: self.file_mode,
+                nlink: 1,
+                uid: self.uid,
+                gid: self.gid,
+            },
+            EntryKind::Dir => Stat {
+                ino: a.ino,
+                kind: a.kind,
+                size: 0,
+                blocks: 0,
+                mtime: self.mounted_at,
+                perm: self.dir_mode,
+                nlink: 2,
+                uid: self.uid,
+                gid: self.gid,
+            },
+        }
+    }
+
+    fn dir_attr(&self, ino: u64) -> Result<Attr, FsError> {
+        let attr = self.meta.inodes.get(ino).ok_or(FsError::NotFound)?;
+        if attr.kind != EntryKind::Dir {
+            return Err(FsError::NotDir);
+        }
+        Ok(attr)
+    }
+
+    /// Looks up `name` in directory `parent`; the kernel then holds one more
+    /// lookup of the returned inode. Errors: ENOENT, ENOTDIR, ENAMETOOLONG
+    /// (name over 255 bytes), EIO/EACCES from the store.
+    pub async fn lookup(&self, parent: u64, name: &OsStr) -> Result<Stat, FsError> {
+        let dir = self.dir_attr(parent)?;
+        let name = std::str::from_utf8(name.as_bytes()).map_err(|_| FsError::NotFound)?;
+        match check_name(name) {
+            Ok(()) => {}
+            Err(BadName::TooLong) => return Err(FsError::NameTooLong),
+            Err(_) => return Err(FsError::NotFound),
+        }
+        let entry = self
+            .meta
+            .find(&dir.key, name)
+            .await?
+            .ok_or(FsError::NotFound)?;
+        Ok(self.stat(&self.meta.inodes.upsert(parent, &dir.key, &entry, true)))
+    }
+
+    /// Attributes of `ino`, confirmed by a listing when older than the TTL.
+    pub async fn getattr(&self, ino: u64) -> Result<Stat, FsError> {
+        let attr = self.fresh_attr(ino).await?;
+        Ok(self.stat(&attr))
+    }
+
+    async fn fresh_attr(&self, ino: u64) -> Result<Attr, FsError> {
+        let attr = self.meta.inodes.get(ino).ok_or(FsError::NotFound)?;
+        if attr.kind == EntryKind::Dir || attr.validated.elapsed() < self.meta.config().ttl() {
+            return Ok(attr);
+        }
+        let name = &attr.key[attr.parent_prefix.len()..];
+        match self.meta.find(&attr.parent_prefix, name).await? {
+            Some(e) if e.kind == EntryKind::File => {
+                self.meta.inodes.refresh(ino, &e).ok_or(FsError::NotFound)
+            }
+            _ => Err(FsError::NotFound),
+        }
+    }
+
+    /// Forgets `n` kernel lookups of `ino`.
+    pub fn forget(&self, ino: u64, n: u64) {
+        self.meta.inodes.forget(ino, n);
+    }
+
+    /// Opens a file for reading, pinned to the ETag current now.
+    /// Errors: EISDIR, ENOENT, EROFS for a write open.
+    pub async fn open(&self, ino: u64, write: bool) -> Result<Opened, FsError> {
+        if write {
+            return Err(FsError::ReadOnly);
+        }
+        let attr = self.fresh_attr(ino).await?;
+        if attr.kind == EntryKind::Dir {
+            return Err(FsError::IsDir);
+        }
+        let keep_cache = self.meta.inodes.swap_cached_etag(ino, &attr.etag);
+        let reader = Reader::new(
+            self.store.clone(),
+            &attr.key,
+            &attr.etag,
+            attr.size,
+            self.read_config.clone(),
+        );
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.files.lock().unwrap().insert(fh, Arc::new(reader));
+        Ok(Opened { fh, keep_cache })
+    }
+
+    /// Reads up to `size` bytes at `offset`; empty at or past end of file.
+    /// Errors: EBADF, ESTALE when the object changed or vanished since open, EIO.
+    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
+        let reader = self
+            .files
+            .lock()
+            .unwrap()
+            .get(&fh)
+            .cloned()
+            .ok_or(FsError::BadHandle)?;
+        match reader.read(offset, size).await {
+            Ok(b) => Ok(b),
+            Err(crate::store::StoreError::NotFound) => Err(FsError::Stale),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Closes a file handle.
+    pub fn release(&self, fh: u64) {
+        self.files.lock().unwrap().remove(&fh);
+    }
+
+    /// Opens a directory: takes one listing snapshot that every readdir of this
+    /// handle reads, so offsets stay valid across rewind and seekdir.
+    pub async fn opendir(&self, ino: u64) -> Result<u64, FsError> {
+        let dir = self.dir_attr(ino)?;
+        let entries = self.meta.listing(&dir.key).await?;
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.dirs.lock().unwrap().insert(
+            fh,
+            Arc::new(DirHandle {
+                ino,
+                prefix: dir.key,
+                entries,
+            }),
+        );
+        Ok(fh)
+    }
+
+    /// Entries after `offset` (0: from the start) that fit in `buf_size` bytes of
+    /// a FUSE reply. With `plus`, each returned entry other than `.`/`..` counts
+    /// one kernel lookup (readdirplus).
+    pub fn readdir(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        buf_size: usize,
+        plus: bool,
+    ) -> Result<Vec<DirEntry>, FsError> {
+        let handle = self
+            .dirs
+            .lock()
+            .unwrap()
+            .get(&fh)
+            .cloned()
+            .ok_or(FsError::BadHandle)?;
+        if handle.ino != ino {
+            return Err(FsError::BadHandle);
+        }
+        let mut out = Vec::new();
+        let mut used = 0usize;
+        let fits = |used: &mut usize, name: &str| {
+            let size = dirent_size(name.len(), plus);
+            *used += size;
+            *used <= buf_size
+        };
+        let dir_stat = self.stat(&self.dir_attr(ino)?);
+        let parent_ino = ino; // `..` is resolved by the kernel; any directory ino serves.
+        for (off, name, ino) in [(1, ".", ino), (2, "..", parent_ino)] {
+            if offset < off {
+                if !fits(&mut used, name) {
+                    return Ok(out);
+                }
+                let mut stat = dir_stat.clone();
+                stat.ino = ino;
+                out.push(DirEntry {
+                    offset: off,
+                    name: name.to_string(),
+                    stat,
+                });
+            }
+        }
+        let start = offset.saturating_sub(FIRST_ENTRY_OFFSET - 1) as usize;
+        for (i, e) in handle.entries.iter().enumerate().skip(start) {
+            if !fits(&mut used, &e.name) {
+                break;
+            }
+            let stat = if plus {
+                self.stat(&self.meta.inodes.upsert(ino, &handle.prefix, e, true))
+            } else {
+                let ino = self
+                    .meta
+                    .inodes
+                    .child(ino, &e.name)
+                    .unwrap_or_else(|| unknown_ino(&handle.prefix, &e.name));
+                let mut s = self.stat(&Attr {
+                    ino,
+                    kind: e.kind,
+                    key: String::new(),
+                    parent_prefix: String::new(),
+                    size: e.size,
+                    etag: String::new(),
+                    mtime: e.mtime,
+                    validated: std::time::Instant::now(),
+                });
+                s.ino = ino;
+                s
+            };
+            out.push(DirEntry {
+                offset: i as u64 + FIRST_ENTRY_OFFSET,
+                name: e.name.clone(),
+                stat,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Closes a directory handle.
+    pub fn releasedir(&self, fh: u64) {
+        self.dirs.lock().unwrap().remove(&fh);
+    }
+
+    /// Number of inodes the table holds (root included).
+    pub fn inode_count(&self) -> usize {
+        self.meta.inodes.len()
+    }
+
+    /// The root's attributes.
+    pub fn root_stat(&self) -> Stat {
+        self.stat(
+            &self
+                .meta
+                .inodes
+                .get(ROOT_INO)
+                .expect("root is never forgotten"),
+        )
+    }
+}
+
+/// Bytes one entry takes in a FUSE readdir reply: `struct fuse_dirent` (24
+/// bytes) or `struct fuse_direntplus` (128 + 24 bytes) plus the name, padded to
+/// 8 bytes (`FUSE_DIRENT_ALIGN` in `include/uapi/linux/fuse.h`).
+pub fn dirent_size(name_len: usize, plus: bool) -> usize {
+    let header = if plus { 128 + 24 } else { 24 };
+    (header + name_len).next_multiple_of(8)
+}
+
+/// `d_ino` for a plain-readdir entry the kernel has not looked up: a hash with
+/// the top bit set, outside the range of allocated inode numbers. `stat` of the
+/// entry gives its real inode number.
+fn unknown_ino(prefix: &str, name: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    prefix.hash(&mut h);
+    name.hash(&mut h);
+    h.finish() | (1 << 63)
+}

@@ -1,0 +1,319 @@
+//! The FUSE adapter: implements `fuser::Filesystem` over [`Fs`]. Each handler
+//! hands its request to the tokio runtime and replies from there, so no FUSE
+//! session thread ever waits on the network. The only module that touches
+//! fuser's request and reply types.
+
+use std::ffi::OsStr;
+use std::sync::Arc;
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+};
+use tracing::{debug, warn};
+
+use crate::fs::{Fs, FsError, Stat};
+use crate::meta::EntryKind;
+use crate::store::ObjectStore;
+use crate::telemetry::metrics as m;
+
+/// Largest read-ahead the kernel is asked for, bytes. The kernel caps it at its
+/// own limit (`fuse_init_out.max_readahead` is clamped in `fuse_dev_do_init`).
+pub const MAX_READAHEAD: u32 = 1 << 20;
+
+/// FUSE background requests in flight (async reads included) the kernel allows
+/// before it throttles (`max_background`, default 12 in `fs/fuse/inode.c`).
+/// 64 keeps many loader workers' reads queued on the runtime at once.
+pub const MAX_BACKGROUND: u16 = 64;
+
+/// Bytes assumed for one readdir reply buffer: the kernel sends at least one
+/// page (PAGE_SIZE, 4096 on x86-64). fuser does not expose the real size, so
+/// entries that do not fit are returned to the table with `forget`.
+const READDIR_REPLY_BYTES: usize = 4096;
+
+/// `statfs` block size, bytes.
+const STATFS_BSIZE: u32 = 4096;
+/// `statfs` total blocks: 1 PiB in 4 KiB blocks. S3 has no size; `df` needs a
+/// non-zero number.
+const STATFS_BLOCKS: u64 = (1 << 50) / STATFS_BSIZE as u64;
+/// `statfs` inode count shown, likewise arbitrary and non-zero.
+const STATFS_FILES: u64 = 1 << 32;
+
+/// The adapter. Cheap to share: the session threads each hold an `Arc` of it.
+pub struct FuseFs<S> {
+    fs: Arc<Fs<S>>,
+    rt: tokio::runtime::Handle,
+}
+
+impl<S: ObjectStore> FuseFs<S> {
+    /// Serves `fs`, running every request on `rt`.
+    pub fn new(fs: Arc<Fs<S>>, rt: tokio::runtime::Handle) -> Self {
+        Self { fs, rt }
+    }
+
+    fn attr(stat: &Stat) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(stat.ino),
+            size: stat.size,
+            blocks: stat.blocks,
+            atime: stat.mtime,
+            mtime: stat.mtime,
+            ctime: stat.mtime,
+            crtime: stat.mtime,
+            kind: match stat.kind {
+                EntryKind::File => FileType::RegularFile,
+                EntryKind::Dir => FileType::Directory,
+            },
+            perm: stat.perm,
+            nlink: stat.nlink,
+            uid: stat.uid,
+            gid: stat.gid,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+}
+
+/// Logs an error at the level its kind deserves, counts it, and gives the errno.
+fn errno(op: &'static str, e: &FsError) -> Errno {
+    let code = e.errno();
+    if e.is_expected() {
+        debug!(op, error = %e, "request failed");
+    } else {
+        warn!(op, error = %e, "request failed");
+    }
+    metrics::counter!(m::FUSE_ERRORS, "op" => op, "errno" => code.to_string()).increment(1);
+    Errno::from_i32(code)
+}
+
+impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_readahead(MAX_READAHEAD);
+        let _ = config.set_max_background(MAX_BACKGROUND);
+        for cap in [
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+        ] {
+            if let Err(missing) = config.add_capabilities(cap) {
+                debug!(?missing, "kernel lacks FUSE capability");
+            }
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let fs = self.fs.clone();
+        let name = name.to_owned();
+        self.rt.spawn(async move {
+            match fs.lookup(parent.0, &name).await {
+                Ok(stat) => reply.entry(&fs.kernel_ttl(), &Self::attr(&stat), Generation(0)),
+                Err(e) => reply.error(errno("lookup", &e)),
+            }
+        });
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.getattr(ino.0).await {
+                Ok(stat) => reply.attr(&fs.kernel_ttl(), &Self::attr(&stat)),
+                Err(e) => reply.error(errno("getattr", &e)),
+            }
+        });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let write = flags.acc_mode() != OpenAccMode::O_RDONLY
+            || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.open(ino.0, write).await {
+                Ok(o) => {
+                    let flags = if o.keep_cache {
+                        FopenFlags::FOPEN_KEEP_CACHE
+                    } else {
+                        FopenFlags::empty()
+                    };
+                    reply.opened(FileHandle(o.fh), flags)
+                }
+                Err(e) => reply.error(errno("open", &e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.read(fh.0, offset, size).await {
+                Ok(data) => {
+                    metrics::counter!(m::FUSE_READ_BYTES).increment(data.len() as u64);
+                    reply.data(&data)
+                }
+                Err(e) => reply.error(errno("read", &e)),
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh.0);
+        reply.ok();
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.opendir(ino.0).await {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(errno("opendir", &e)),
+            }
+        });
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        match self
+            .fs
+            .readdir(ino.0, fh.0, offset, READDIR_REPLY_BYTES, false)
+        {
+            Ok(entries) => {
+                for e in entries {
+                    let kind = Self::attr(&e.stat).kind;
+                    if reply.add(INodeNo(e.stat.ino), e.offset, kind, &e.name) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno("readdir", &e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        match self
+            .fs
+            .readdir(ino.0, fh.0, offset, READDIR_REPLY_BYTES, true)
+        {
+            Ok(entries) => {
+                let ttl = self.fs.kernel_ttl();
+                let mut full = false;
+                for e in entries {
+                    let counted = e.name != "." && e.name != "..";
+                    if !full {
+                        full = reply.add(
+                            INodeNo(e.stat.ino),
+                            e.offset,
+                            &e.name,
+                            &ttl,
+                            &Self::attr(&e.stat),
+                            Generation(0),
+                        );
+                    }
+                    if full && counted {
+                        // Not sent: the kernel will not count this lookup.
+                        self.fs.forget(e.stat.ino, 1);
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno("readdirplus", &e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        reply.statfs(
+            STATFS_BLOCKS,
+            STATFS_BLOCKS,
+            STATFS_BLOCKS,
+            STATFS_FILES,
+            STATFS_FILES,
+            STATFS_BSIZE,
+            crate::meta::names::NAME_MAX as u32,
+            STATFS_BSIZE,
+        );
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: fuser::ReplyXattr,
+    ) {
+        reply.error(Errno::from_i32(libc::ENODATA));
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+}

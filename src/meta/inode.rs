@@ -1,0 +1,213 @@
+//! The inode table: numbers handed to the kernel, their keys and attributes,
+//! and the kernel's lookup counts (an inode is dropped when `forget` brings its
+//! count to zero).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Instant, SystemTime};
+
+use super::listing::{EntryKind, ListedEntry};
+
+/// Inode number of the mount's root directory (FUSE_ROOT_ID in `fuse_kernel.h`).
+pub const ROOT_INO: u64 = 1;
+
+/// What the file system knows of one inode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attr {
+    /// Inode number.
+    pub ino: u64,
+    /// File or directory.
+    pub kind: EntryKind,
+    /// For a file its full object key; for a directory its key prefix (`""` or
+    /// ending in `/`).
+    pub key: String,
+    /// Prefix of the parent directory (`""` or ending in `/`); `key` is this
+    /// plus the name (plus `/` for a directory).
+    pub parent_prefix: String,
+    /// Size in bytes (0 for directories).
+    pub size: u64,
+    /// ETag of the object (empty for directories).
+    pub etag: String,
+    /// LastModified for files; `None` for directories.
+    pub mtime: Option<SystemTime>,
+    /// When the attributes were last confirmed by a listing.
+    pub validated: Instant,
+}
+
+#[derive(Debug)]
+struct Inode {
+    attr: Attr,
+    /// Parent inode and name: the key of this inode in `Table::children`.
+    parent: u64,
+    name: String,
+    nlookup: u64,
+    /// The ETag the kernel page cache holds data of (set at open).
+    cached_etag: Option<String>,
+}
+
+#[derive(Debug)]
+struct Table {
+    inodes: HashMap<u64, Inode>,
+    /// (parent inode, name) -> inode.
+    children: HashMap<(u64, String), u64>,
+    next_ino: u64,
+}
+
+/// The inode table. All methods take the lock briefly and never across I/O.
+#[derive(Debug)]
+pub struct InodeTable {
+    table: Mutex<Table>,
+}
+
+impl InodeTable {
+    /// A table holding only the root directory, whose key prefix is `root_prefix`.
+    pub fn new(root_prefix: &str) -> Self {
+        let root = Inode {
+            attr: Attr {
+                ino: ROOT_INO,
+                kind: EntryKind::Dir,
+                key: root_prefix.to_string(),
+                parent_prefix: root_prefix.to_string(),
+                size: 0,
+                etag: String::new(),
+                mtime: None,
+                validated: Instant::now(),
+            },
+            parent: ROOT_INO,
+            name: String::new(),
+            nlookup: 1,
+            cached_etag: None,
+        };
+        Self {
+            table: Mutex::new(Table {
+                inodes: HashMap::from([(ROOT_INO, root)]),
+                children: HashMap::new(),
+                next_ino: ROOT_INO + 1,
+            }),
+        }
+    }
+
+    /// Attributes of `ino`, or `None` when the kernel has forgotten it.
+    pub fn get(&self, ino: u64) -> Option<Attr> {
+        self.table
+            .lock()
+            .unwrap()
+            .inodes
+            .get(&ino)
+            .map(|i| i.attr.clone())
+    }
+
+    /// Records that `entry` is the child `name` of `parent` as a listing of
+    /// `parent_prefix` just showed it, and returns its attributes. The same
+    /// (parent, name, kind) keeps its inode number; a changed kind gets a new
+    /// one. `count_lookup` adds one to the kernel's lookup count (lookup and
+    /// readdirplus do; plain readdir does not).
+    pub fn upsert(
+        &self,
+        parent: u64,
+        parent_prefix: &str,
+        entry: &ListedEntry,
+        count_lookup: bool,
+    ) -> Attr {
+        let mut t = self.table.lock().unwrap();
+        let key = match entry.kind {
+            EntryKind::File => format!("{parent_prefix}{}", entry.name),
+            EntryKind::Dir => format!("{parent_prefix}{}/", entry.name),
+        };
+        let name_key = (parent, entry.name.clone());
+        let existing = t
+            .children
+            .get(&name_key)
+            .copied()
+            .filter(|ino| t.inodes.get(ino).is_some_and(|i| i.attr.kind == entry.kind));
+        let ino = match existing {
+            Some(ino) => ino,
+            None => {
+                let ino = t.next_ino;
+                t.next_ino += 1;
+                t.children.insert(name_key, ino);
+                ino
+            }
+        };
+        let attr = Attr {
+            ino,
+            kind: entry.kind,
+            key,
+            parent_prefix: parent_prefix.to_string(),
+            size: entry.size,
+            etag: entry.etag.clone(),
+            mtime: entry.mtime,
+            validated: Instant::now(),
+        };
+        let inode = t.inodes.entry(ino).or_insert_with(|| Inode {
+            attr: attr.clone(),
+            parent,
+            name: entry.name.clone(),
+            nlookup: 0,
+            cached_etag: None,
+        });
+        inode.attr = attr.clone();
+        if count_lookup {
+            inode.nlookup += 1;
+        }
+        attr
+    }
+
+    /// The inode number of child `name` of `parent`, if the kernel holds one.
+    pub fn child(&self, parent: u64, name: &str) -> Option<u64> {
+        let t = self.table.lock().unwrap();
+        t.children.get(&(parent, name.to_string())).copied()
+    }
+
+    /// Marks `ino`'s attributes as confirmed now (a listing still shows them).
+    pub fn refresh(&self, ino: u64, entry: &ListedEntry) -> Option<Attr> {
+        let mut t = self.table.lock().unwrap();
+        let inode = t.inodes.get_mut(&ino)?;
+        inode.attr.size = entry.size;
+        inode.attr.etag = entry.etag.clone();
+        inode.attr.mtime = entry.mtime;
+        inode.attr.validated = Instant::now();
+        Some(inode.attr.clone())
+    }
+
+    /// Notes that the kernel page cache of `ino` now holds data of `etag`;
+    /// returns true when it already did (the open may keep the page cache).
+    pub fn swap_cached_etag(&self, ino: u64, etag: &str) -> bool {
+        let mut t = self.table.lock().unwrap();
+        let Some(inode) = t.inodes.get_mut(&ino) else {
+            return false;
+        };
+        let same = inode.cached_etag.as_deref() == Some(etag);
+        inode.cached_etag = Some(etag.to_string());
+        same
+    }
+
+    /// The kernel forgets `n` lookups of `ino`; at zero the inode is dropped.
+    pub fn forget(&self, ino: u64, n: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        let mut t = self.table.lock().unwrap();
+        let Some(inode) = t.inodes.get_mut(&ino) else {
+            return;
+        };
+        inode.nlookup = inode.nlookup.saturating_sub(n);
+        if inode.nlookup == 0 {
+            let name_key = (inode.parent, std::mem::take(&mut inode.name));
+            t.inodes.remove(&ino);
+            if t.children.get(&name_key) == Some(&ino) {
+                t.children.remove(&name_key);
+            }
+        }
+    }
+
+    /// Number of inodes held (root included).
+    pub fn len(&self) -> usize {
+        self.table.lock().unwrap().inodes.len()
+    }
+
+    /// Always false: the root is always held.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}

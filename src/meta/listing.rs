@@ -1,0 +1,161 @@
+//! One directory's listing: every page of ListObjectsV2 with delimiter `/`,
+//! turned into sorted, unique, valid directory entries.
+
+use std::time::SystemTime;
+
+use tracing::warn;
+
+use super::names::check_name;
+use crate::store::{MAX_KEYS_PER_PAGE, ObjectStore, StoreError};
+use crate::telemetry::metrics as m;
+
+/// Kind of a directory entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    /// An object.
+    File,
+    /// A common prefix or a `name/` marker.
+    Dir,
+}
+
+/// One child of a directory as a listing saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedEntry {
+    /// Name: the key component, exact UTF-8 bytes.
+    pub name: String,
+    /// File or directory.
+    pub kind: EntryKind,
+    /// Size in bytes (0 for directories).
+    pub size: u64,
+    /// ETag (empty for directories).
+    pub etag: String,
+    /// LastModified (`None` for directories).
+    pub mtime: Option<SystemTime>,
+}
+
+/// Lists the directory at `prefix` (`""` or ending in `/`) to the end.
+/// Entries come back sorted by name bytes, each name once: a name that is both
+/// an object and a prefix is a directory (the file is shadowed, with a warning);
+/// names that cannot be POSIX names are skipped with a warning; the directory's
+/// own marker object (`prefix` itself) is not an entry.
+pub async fn list_dir<S: ObjectStore>(
+    store: &S,
+    prefix: &str,
+) -> Result<Vec<ListedEntry>, StoreError> {
+    let mut entries = Vec::new();
+    let mut token = None;
+    loop {
+        let page = store
+            .list_page(prefix, Some("/"), token, MAX_KEYS_PER_PAGE)
+            .await?;
+        for obj in page.objects {
+            let Some(name) = obj.key.strip_prefix(prefix) else {
+                continue;
+            };
+            if name.is_empty() {
+                continue; // the directory marker itself
+            }
+            if let Err(why) = check_name(name) {
+                skip(&obj.key, why);
+                continue;
+            }
+            entries.push(ListedEntry {
+                name: name.to_string(),
+                kind: EntryKind::File,
+                size: obj.size,
+                etag: obj.etag,
+                mtime: Some(obj.last_modified),
+            });
+        }
+        for cp in page.common_prefixes {
+            let Some(name) = cp.strip_prefix(prefix).and_then(|n| n.strip_suffix('/')) else {
+                continue;
+            };
+            if let Err(why) = check_name(name) {
+                skip(&cp, why);
+                continue;
+            }
+            entries.push(ListedEntry {
+                name: name.to_string(),
+                kind: EntryKind::Dir,
+                size: 0,
+                etag: String::new(),
+                mtime: None,
+            });
+        }
+        token = page.next_token;
+        if token.is_none() {
+            break;
+        }
+    }
+    // A directory sorts before a file of the same name, so dedup keeps the directory.
+    entries.sort_by(|a, b| {
+        a.name.as_bytes().cmp(b.name.as_bytes()).then(
+            (a.kind == EntryKind::Dir)
+                .cmp(&(b.kind == EntryKind::Dir))
+                .reverse(),
+        )
+    });
+    entries.dedup_by(|later, first| {
+        if later.name == first.name {
+            warn!(
+                key = %format!("{prefix}{}", later.name),
+                "object shadowed by a directory of the same name; only the directory is shown"
+            );
+            metrics::counter!(m::KEYS_SKIPPED, "reason" => "shadowed").increment(1);
+            true
+        } else {
+            false
+        }
+    });
+    Ok(entries)
+}
+
+fn skip(key: &str, why: super::names::BadName) {
+    warn!(key = %key.escape_debug(), reason = %why, "key not shown");
+    metrics::counter!(m::KEYS_SKIPPED, "reason" => "bad_name").increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::mem::MemStore;
+
+    #[tokio::test]
+    async fn shadowing_markers_and_bad_names() {
+        let s = MemStore::default();
+        for k in [
+            "x", "x/y", "d/", "d/e/", "a//b", "./c", "../c", "ok", "f/./g", "sp ace", "p+lus",
+        ] {
+            s.put(k, "1");
+        }
+        s.put(&format!("{}/z", "n".repeat(256)), "1");
+        let root = list_dir(&s, "").await.unwrap();
+        let names: Vec<_> = root.iter().map(|e| (e.name.as_str(), e.kind)).collect();
+        assert_eq!(
+            names,
+            vec![
+                // "a//b": "a" is a common prefix; its only key is not shown.
+                ("a", EntryKind::Dir),
+                ("d", EntryKind::Dir),
+                ("f", EntryKind::Dir),
+                ("ok", EntryKind::File),
+                ("p+lus", EntryKind::File),
+                ("sp ace", EntryKind::File),
+                ("x", EntryKind::Dir),
+            ]
+        );
+        let d = list_dir(&s, "d/").await.unwrap();
+        assert_eq!(d.len(), 1);
+        assert_eq!((d[0].name.as_str(), d[0].kind), ("e", EntryKind::Dir));
+        assert!(list_dir(&s, "d/e/").await.unwrap().is_empty());
+        assert!(
+            list_dir(&s, "f/").await.unwrap().is_empty(),
+            "f/./g is not shown"
+        );
+        assert!(
+            list_dir(&s, "a/").await.unwrap().is_empty(),
+            "a//b is not shown"
+        );
+    }
+}

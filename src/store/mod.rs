@@ -1,0 +1,99 @@
+//! The object store layer: one small async trait ([`ObjectStore`]) with typed
+//! errors ([`StoreError`]). `store/s3.rs` is the only importer of `aws-sdk-s3`;
+//! `store/mem.rs` is an in-memory store for unit tests of logic above this layer.
+//!
+//! Keys passed to and returned from this layer are full object keys in the bucket
+//! (the mount prefix already applied).
+
+pub mod mem;
+pub mod s3;
+
+use std::future::Future;
+use std::ops::Range;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+
+/// Maximum keys one ListObjectsV2 page returns (the S3 API limit, see
+/// "ListObjectsV2 - MaxKeys" in the Amazon S3 API reference).
+pub const MAX_KEYS_PER_PAGE: i32 = 1000;
+
+/// What a listing or HEAD says about one object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectMeta {
+    /// Full object key.
+    pub key: String,
+    /// Object size in bytes.
+    pub size: u64,
+    /// The ETag as the server sent it (quotes included when sent).
+    pub etag: String,
+    /// LastModified (UTC). `UNIX_EPOCH` when the server sent none.
+    pub last_modified: SystemTime,
+}
+
+/// One page of a ListObjectsV2 answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListPage {
+    /// Objects in key order.
+    pub objects: Vec<ObjectMeta>,
+    /// Common prefixes (each ends with the delimiter) in key order.
+    pub common_prefixes: Vec<String>,
+    /// Continuation token for the next page; `None` on the last page.
+    pub next_token: Option<String>,
+}
+
+/// Typed store errors. The `fs` layer maps them to errno in one place.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum StoreError {
+    /// The key does not exist (404 NoSuchKey / NotFound).
+    #[error("object not found")]
+    NotFound,
+    /// The bucket does not exist (404 NoSuchBucket).
+    #[error("bucket does not exist")]
+    NoSuchBucket,
+    /// The object changed since the ETag the request was pinned to (412).
+    #[error("object changed since it was opened (ETag mismatch)")]
+    PreconditionFailed,
+    /// Access denied (403) or bad credentials.
+    #[error("access denied: {0}")]
+    AccessDenied(String),
+    /// The requested range is not satisfiable (416).
+    #[error("requested range not satisfiable")]
+    InvalidRange,
+    /// Throttling (503 SlowDown) that outlasted the retries. Never ENOENT.
+    #[error("throttled by the server: {0}")]
+    Throttled(String),
+    /// Network failure, timeout or server fault (5xx) that outlasted the retries.
+    #[error("transient failure: {0}")]
+    Transient(String),
+    /// Anything else the server or client reported.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// The object store as lakemount needs it. Implementations retry transient
+/// faults themselves; an `Err` is final for that call.
+pub trait ObjectStore: Send + Sync + 'static {
+    /// One ListObjectsV2 page of keys starting with `prefix`, grouped by
+    /// `delimiter` when given, at most `max_keys` (<= [`MAX_KEYS_PER_PAGE`]) entries.
+    fn list_page(
+        &self,
+        prefix: &str,
+        delimiter: Option<&str>,
+        continuation: Option<String>,
+        max_keys: i32,
+    ) -> impl Future<Output = Result<ListPage, StoreError>> + Send;
+
+    /// HeadObject of `key`.
+    fn head(&self, key: &str) -> impl Future<Output = Result<ObjectMeta, StoreError>> + Send;
+
+    /// Ranged GET of `range` (bytes, end exclusive, non-empty) of `key`, pinned to
+    /// `etag` with `If-Match`: a changed object gives
+    /// [`StoreError::PreconditionFailed`], never bytes of another version.
+    fn get_range(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        etag: &str,
+    ) -> impl Future<Output = Result<Bytes, StoreError>> + Send;
+}

@@ -1,0 +1,344 @@
+//! [`ObjectStore`] over `aws-sdk-s3`: the only module that imports the SDK.
+//!
+//! Retries: the SDK's standard retry strategy (exponential backoff with jitter)
+//! retries throttling (503 SlowDown), 5xx and transport faults up to
+//! [`S3Config::max_attempts`] times; what is left is returned as a typed
+//! [`StoreError`]. Every call is counted in `lakemount_s3_requests_total{op,status}`.
+
+use std::ops::Range;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use aws_config::BehaviorVersion;
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_sdk_s3::config::Region;
+use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use bytes::Bytes;
+use serde::Deserialize;
+
+use super::{ListPage, ObjectMeta, ObjectStore, StoreError};
+use crate::telemetry::metrics as m;
+
+/// Region used when neither the config, the environment nor a profile names one.
+/// `us-east-1` is what S3-compatible servers (MinIO, Garage, Ceph) accept by default.
+pub const FALLBACK_REGION: &str = "us-east-1";
+
+/// S3 connection settings (`[s3]` in the config file).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct S3Config {
+    /// Custom endpoint, e.g. `http://minio.internal:9000`. `None`: AWS S3.
+    pub endpoint_url: Option<String>,
+    /// Region; `None`: the AWS chain (env, profile), else [`FALLBACK_REGION`].
+    pub region: Option<String>,
+    /// Path-style addressing (`endpoint/bucket/key`). `None`: on for a custom
+    /// endpoint (MinIO and most on-prem stores need it), off for AWS.
+    pub force_path_style: Option<bool>,
+    /// Shared-config profile name (`~/.aws/config`).
+    pub profile: Option<String>,
+    /// Send unsigned requests (public buckets); no credentials are looked up.
+    pub no_sign_request: bool,
+    /// PEM file of CA certificates trusted for HTTPS instead of the system roots
+    /// (an on-prem endpoint with an internal CA). `None`: `AWS_CA_BUNDLE` if set.
+    pub ca_bundle: Option<PathBuf>,
+    /// Attempts per request including the first (SDK standard retry strategy).
+    pub max_attempts: u32,
+    /// TCP/TLS connect timeout, seconds.
+    pub connect_timeout_secs: f64,
+    /// Timeout of one attempt of one request, seconds (a 64 MiB part at 10 MB/s
+    /// takes ~7 s; 30 s leaves room for a slow, shared link).
+    pub attempt_timeout_secs: f64,
+}
+
+impl Default for S3Config {
+    fn default() -> Self {
+        Self {
+            endpoint_url: None,
+            region: None,
+            force_path_style: None,
+            profile: None,
+            no_sign_request: false,
+            ca_bundle: None,
+            max_attempts: 5,
+            connect_timeout_secs: 5.0,
+            attempt_timeout_secs: 30.0,
+        }
+    }
+}
+
+/// An S3 bucket reached through `aws-sdk-s3`. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct S3Store {
+    client: aws_sdk_s3::Client,
+    bucket: String,
+}
+
+impl S3Store {
+    /// Builds the client from `config` and the standard AWS credential chain
+    /// (environment, shared profile, web identity, instance metadata). Does no
+    /// network I/O. Errors: an unreadable or non-PEM CA bundle.
+    pub async fn new(bucket: &str, config: &S3Config) -> anyhow::Result<Self> {
+        let mut loader = aws_config::defaults(BehaviorVersion::latest());
+        if let Some(profile) = &config.profile {
+            loader = loader.profile_name(profile);
+        }
+        if let Some(region) = &config.region {
+            loader = loader.region(Region::new(region.clone()));
+        }
+        if config.no_sign_request {
+            loader = loader.no_credentials();
+        }
+        if let Some(url) = &config.endpoint_url {
+            loader = loader.endpoint_url(url);
+        }
+        let ca_bundle = config
+            .ca_bundle
+            .clone()
+            .or_else(|| std::env::var_os("AWS_CA_BUNDLE").map(PathBuf::from))
+            .filter(|p| !p.as_os_str().is_empty());
+        if let Some(path) = ca_bundle {
+            loader = loader.http_client(https_client_with_ca(&path)?);
+        }
+        loader = loader
+            .retry_config(RetryConfig::standard().with_max_attempts(config.max_attempts.max(1)))
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs_f64(config.connect_timeout_secs))
+                    .operation_attempt_timeout(Duration::from_secs_f64(config.attempt_timeout_secs))
+                    .build(),
+            );
+        let sdk = loader.load().await;
+        let mut builder = aws_sdk_s3::config::Builder::from(&sdk);
+        if sdk.region().is_none() {
+            builder = builder.region(Region::new(FALLBACK_REGION));
+        }
+        let path_style = config
+            .force_path_style
+            .unwrap_or(config.endpoint_url.is_some());
+        builder = builder.force_path_style(path_style);
+        Ok(Self {
+            client: aws_sdk_s3::Client::from_conf(builder.build()),
+            bucket: bucket.to_string(),
+        })
+    }
+
+    /// The bucket name.
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+}
+
+/// An HTTPS client that trusts only the certificates in the PEM file at `path`
+/// (the AWS CLI's `AWS_CA_BUNDLE` semantics). Plain-http endpoints still work.
+fn https_client_with_ca(
+    path: &std::path::Path,
+) -> anyhow::Result<aws_smithy_runtime_api::client::http::SharedHttpClient> {
+    use aws_smithy_http_client::tls::{self, TlsContext, TrustStore, rustls_provider::CryptoMode};
+    let pem = std::fs::read(path)
+        .map_err(|e| anyhow::anyhow!("s3.ca_bundle: cannot read {}: {e}", path.display()))?;
+    if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+        anyhow::bail!(
+            "s3.ca_bundle: {} holds no PEM certificate (expected -----BEGIN CERTIFICATE-----)",
+            path.display()
+        );
+    }
+    let trust = TrustStore::empty()
+        .with_native_roots(false)
+        .with_pem_certificate(pem);
+    let ctx = TlsContext::builder()
+        .with_trust_store(trust)
+        .build()
+        .map_err(|e| anyhow::anyhow!("s3.ca_bundle: {}: {e}", path.display()))?;
+    Ok(aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(CryptoMode::AwsLc))
+        .tls_context(ctx)
+        .build_https())
+}
+
+/// Maps an SDK error to a [`StoreError`] and the status label for metrics.
+fn map_sdk_error<E>(err: SdkError<E, HttpResponse>) -> (StoreError, String)
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match &err {
+        SdkError::ServiceError(se) => {
+            let status = se.raw().status().as_u16();
+            let code = se.err().code().unwrap_or("").to_string();
+            let msg = format!("{status} {code} {}", se.err().message().unwrap_or(""));
+            let mapped = match (status, code.as_str()) {
+                (_, "NoSuchBucket") => StoreError::NoSuchBucket,
+                (404, _) | (_, "NoSuchKey") => StoreError::NotFound,
+                (412, _) => StoreError::PreconditionFailed,
+                (416, _) => StoreError::InvalidRange,
+                (401 | 403, _) => StoreError::AccessDenied(msg.trim().to_string()),
+                (503, _) | (_, "SlowDown") => StoreError::Throttled(msg.trim().to_string()),
+                (500..=599, _) => StoreError::Transient(msg.trim().to_string()),
+                _ => StoreError::Other(msg.trim().to_string()),
+            };
+            (mapped, status.to_string())
+        }
+        SdkError::TimeoutError(_) => (
+            StoreError::Transient(format!("timeout: {}", DisplayErrorContext(&err))),
+            "timeout".into(),
+        ),
+        SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => (
+            StoreError::Transient(format!("{}", DisplayErrorContext(&err))),
+            "network".into(),
+        ),
+        _ => (
+            StoreError::Other(format!("{}", DisplayErrorContext(&err))),
+            "error".into(),
+        ),
+    }
+}
+
+fn to_system_time(t: Option<&aws_smithy_types::DateTime>) -> SystemTime {
+    t.and_then(|t| SystemTime::try_from(*t).ok())
+        .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+impl ObjectStore for S3Store {
+    async fn list_page(
+        &self,
+        prefix: &str,
+        delimiter: Option<&str>,
+        continuation: Option<String>,
+        max_keys: i32,
+    ) -> Result<ListPage, StoreError> {
+        let start = Instant::now();
+        let res = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(prefix)
+            .set_delimiter(delimiter.map(str::to_string))
+            .set_continuation_token(continuation)
+            .max_keys(max_keys)
+            .send()
+            .await;
+        let out = match res {
+            Ok(out) => {
+                m::s3_request(m::OP_LIST, "200", start.elapsed());
+                out
+            }
+            Err(e) => {
+                let (err, status) = map_sdk_error(e);
+                m::s3_request(m::OP_LIST, &status, start.elapsed());
+                return Err(err);
+            }
+        };
+        let objects = out
+            .contents()
+            .iter()
+            .filter_map(|o| {
+                Some(ObjectMeta {
+                    key: o.key()?.to_string(),
+                    size: o.size().unwrap_or(0).max(0) as u64,
+                    etag: o.e_tag().unwrap_or("").to_string(),
+                    last_modified: to_system_time(o.last_modified()),
+                })
+            })
+            .collect();
+        let common_prefixes = out
+            .common_prefixes()
+            .iter()
+            .filter_map(|p| p.prefix().map(str::to_string))
+            .collect();
+        let truncated = out.is_truncated().unwrap_or(false);
+        let next_token = out.next_continuation_token().map(str::to_string);
+        if truncated && next_token.is_none() {
+            return Err(StoreError::Other(
+                "ListObjectsV2 answered IsTruncated without NextContinuationToken".into(),
+            ));
+        }
+        Ok(ListPage {
+            objects,
+            common_prefixes,
+            next_token: if truncated { next_token } else { None },
+        })
+    }
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        let start = Instant::now();
+        let res = self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await;
+        match res {
+            Ok(out) => {
+                m::s3_request(m::OP_HEAD, "200", start.elapsed());
+                Ok(ObjectMeta {
+                    key: key.to_string(),
+                    size: out.content_length().unwrap_or(0).max(0) as u64,
+                    etag: out.e_tag().unwrap_or("").to_string(),
+                    last_modified: to_system_time(out.last_modified()),
+                })
+            }
+            Err(e) => {
+                let (err, status) = map_sdk_error(e);
+                m::s3_request(m::OP_HEAD, &status, start.elapsed());
+                Err(err)
+            }
+        }
+    }
+
+    async fn get_range(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        etag: &str,
+    ) -> Result<Bytes, StoreError> {
+        debug_assert!(range.start < range.end);
+        let start = Instant::now();
+        let res = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .range(format!("bytes={}-{}", range.start, range.end - 1))
+            .set_if_match((!etag.is_empty()).then(|| etag.to_string()))
+            .send()
+            .await;
+        let out = match res {
+            Ok(out) => out,
+            Err(e) => {
+                let (err, status) = map_sdk_error(e);
+                m::s3_request(m::OP_GET, &status, start.elapsed());
+                return Err(err);
+            }
+        };
+        let ranged = out.content_range().is_some();
+        let body = match out.body.collect().await {
+            Ok(b) => b.into_bytes(),
+            Err(e) => {
+                m::s3_request(m::OP_GET, "network", start.elapsed());
+                return Err(StoreError::Transient(format!("reading GET body: {e}")));
+            }
+        };
+        m::s3_request(
+            m::OP_GET,
+            if ranged { "206" } else { "200" },
+            start.elapsed(),
+        );
+        m::s3_bytes_received(body.len() as u64);
+        let want = (range.end - range.start) as usize;
+        if body.len() == want {
+            Ok(body)
+        } else if !ranged && body.len() as u64 >= range.end {
+            // A server that ignored Range sent the whole object.
+            Ok(body.slice(range.start as usize..range.end as usize))
+        } else {
+            Err(StoreError::Transient(format!(
+                "GET {key} bytes {}-{}: got {} bytes, expected {want}",
+                range.start,
+                range.end - 1,
+                body.len()
+            )))
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! Metric names (Prometheus style, unit in the name) and the recorder.
+//!
+//! A Prometheus recorder is always installed so that the shutdown summary can
+//! read the counters; `/metrics` is served only when `telemetry.metrics_addr` is set.
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Counter: S3 requests, labels `op` (LIST, HEAD, GET) and `status` (HTTP
+/// status code, or `network` / `timeout` / `error` when no response arrived).
+pub const S3_REQUESTS: &str = "lakemount_s3_requests_total";
+/// Histogram: latency of one S3 request including SDK retries, seconds; label `op`.
+pub const S3_REQUEST_SECONDS: &str = "lakemount_s3_request_duration_seconds";
+/// Counter: bytes received in GET bodies.
+pub const S3_GET_BYTES: &str = "lakemount_s3_get_bytes_total";
+/// Counter: bytes returned to FUSE read requests.
+pub const FUSE_READ_BYTES: &str = "lakemount_fuse_read_bytes_total";
+/// Counter: FUSE requests answered with an error, label `errno`.
+pub const FUSE_ERRORS: &str = "lakemount_fuse_errors_total";
+/// Counter: keys not shown because their name cannot be a POSIX path
+/// component (empty, `.`, `..`, over 255 bytes), or a file shadowed by a directory.
+pub const KEYS_SKIPPED: &str = "lakemount_keys_skipped_total";
+
+/// `op` label of ListObjectsV2.
+pub const OP_LIST: &str = "LIST";
+/// `op` label of HeadObject.
+pub const OP_HEAD: &str = "HEAD";
+/// `op` label of GetObject.
+pub const OP_GET: &str = "GET";
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the global recorder once. With `addr`, also serves `/metrics` there
+/// (needs a running tokio runtime). Errors: the address cannot be bound.
+pub fn install(addr: Option<SocketAddr>) -> anyhow::Result<()> {
+    if HANDLE.get().is_some() {
+        return Ok(());
+    }
+    let mut builder = PrometheusBuilder::new();
+    if let Some(addr) = addr {
+        builder = builder.with_http_listener(addr);
+    }
+    let (recorder, exporter) = builder
+        .build()
+        .map_err(|e| anyhow::anyhow!("telemetry.metrics_addr: {e}"))?;
+    let handle = recorder.handle();
+    if metrics::set_global_recorder(recorder).is_ok() {
+        let _ = HANDLE.set(handle);
+        if addr.is_some() {
+            tokio::spawn(async move {
+                if let Err(e) = exporter.await {
+                    tracing::error!("metrics endpoint stopped: {e:?}");
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The Prometheus text of every metric, or `None` before [`install`].
+pub fn render() -> Option<String> {
+    HANDLE.get().map(|h| h.render())
+}
+
+/// Lines of [`render`] that count S3 requests, for the shutdown log.
+pub fn s3_request_summary() -> Vec<String> {
+    render()
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with(S3_REQUESTS) || l.starts_with(S3_GET_BYTES))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Records one finished S3 request.
+pub fn s3_request(op: &'static str, status: &str, elapsed: Duration) {
+    metrics::counter!(S3_REQUESTS, "op" => op, "status" => status.to_string()).increment(1);
+    metrics::histogram!(S3_REQUEST_SECONDS, "op" => op).record(elapsed.as_secs_f64());
+}
+
+/// Records GET body bytes.
+pub fn s3_bytes_received(n: u64) {
+    metrics::counter!(S3_GET_BYTES).increment(n);
+}

@@ -1,0 +1,22 @@
+//! Tracing setup and metrics. Metric names live in [`metrics`] as constants.
+
+pub mod metrics;
+
+use tracing_subscriber::EnvFilter;
+
+/// Installs the global tracing subscriber writing to stderr. `RUST_LOG`, when
+/// set, wins over `level` (e.g. `info`, `lakemount=debug,fuser=warn`).
+/// Errors: an unparsable filter string.
+pub fn init_logging(level: &str) -> anyhow::Result<()> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.is_empty() => EnvFilter::try_new(v)?,
+        _ => EnvFilter::try_new(level)
+            .map_err(|e| anyhow::anyhow!("telemetry.log_level: bad value {level:?}: {e}"))?,
+    };
+    // A second init (tests, daemon child) is harmless: keep the first.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    Ok(())
+}
