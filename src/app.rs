@@ -50,26 +50,138 @@ fn worker_threads() -> usize {
 }
 
 fn mount_and_serve(source: &Source, mountpoint: &Path, config: &Config) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(worker_threads())
-        .thread_name("lakemount-rt")
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let store = rt.block_on(async {
-        telemetry::metrics::install(config.telemetry.metrics_addr)?;
-        let store = S3Store::new(&source.bucket, &config.s3).await?;
-        probe(&store, source, config).await?;
-        anyhow::Ok(store)
-    })?;
-    let fs = Arc::new(Fs::new(
-        Arc::new(store),
-        &source.prefix,
-        &config.mount,
-        config.metadata.clone(),
-        config.read.clone(),
-    ));
-    let adapter = FuseFs::new(fs, rt.handle().clone());
+    let mut mounted = Mounted::start(source, mountpoint, config)?;
+    let mut unmounter = mounted.unmounter()?;
+    mounted.runtime().spawn(async move {
+        wait_for_signal().await;
+        info!("signal received, unmounting");
+        if let Err(e) = unmounter.unmount() {
+            warn!("unmount failed: {e}");
+        }
+    });
+    daemon::report_ready();
+    mounted.wait()
+}
+
+/// A mounted file system served by its own threads: FUSE session threads
+/// plus a tokio runtime. Unmounts on [`Mounted::unmount`] or drop. The
+/// embedded demo and the CLI both use it.
+pub struct Mounted {
+    session_thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+    unmounter: Option<fuser::SessionUnmounter>,
+    extra_unmounter: Option<fuser::SessionUnmounter>,
+    rt: Option<tokio::runtime::Runtime>,
+    mountpoint: std::path::PathBuf,
+}
+
+impl Mounted {
+    /// Checks the bucket with one LIST, mounts `source` at `mountpoint` and
+    /// starts serving. Returns once the mount is usable. Errors: one-line
+    /// reasons (bucket missing, access denied, endpoint unreachable, mount failed).
+    pub fn start(source: &Source, mountpoint: &Path, config: &Config) -> anyhow::Result<Self> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(worker_threads())
+            .thread_name("lakemount-rt")
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        let store = rt.block_on(async {
+            telemetry::metrics::install(config.telemetry.metrics_addr)?;
+            let store = S3Store::new(&source.bucket, &config.s3).await?;
+            probe(&store, source, config).await?;
+            anyhow::Ok(store)
+        })?;
+        let fs = Arc::new(Fs::new(
+            Arc::new(store),
+            &source.prefix,
+            &config.mount,
+            config.metadata.clone(),
+            config.read.clone(),
+        ));
+        let adapter = FuseFs::new(fs, rt.handle().clone());
+        let mut session = fuser::Session::new(adapter, mountpoint, &fuse_config(source, config))
+            .with_context(|| format!("mounting at {}", mountpoint.display()))?;
+        let unmounter = session.unmount_callable();
+        let extra_unmounter = session.unmount_callable();
+        let session_thread = std::thread::Builder::new()
+            .name("fuse-session".into())
+            .spawn(move || session.run())
+            .context("starting the FUSE session thread")?;
+        info!(
+            bucket = %source.bucket,
+            prefix = %source.prefix,
+            mountpoint = %mountpoint.display(),
+            "mounted (read-only)"
+        );
+        Ok(Self {
+            session_thread: Some(session_thread),
+            unmounter: Some(unmounter),
+            extra_unmounter: Some(extra_unmounter),
+            rt: Some(rt),
+            mountpoint: mountpoint.to_path_buf(),
+        })
+    }
+
+    /// The runtime serving requests.
+    pub fn runtime(&self) -> &tokio::runtime::Runtime {
+        self.rt.as_ref().expect("runtime lives until drop")
+    }
+
+    /// A second handle that unmounts (for a signal handler). Only one is given out.
+    pub fn unmounter(&mut self) -> anyhow::Result<fuser::SessionUnmounter> {
+        self.extra_unmounter
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("the extra unmounter was already taken"))
+    }
+
+    /// Waits until the file system is unmounted (by `umount`, a signal handler,
+    /// or [`Mounted::unmount`] elsewhere), then logs the S3 request counts.
+    pub fn wait(mut self) -> anyhow::Result<()> {
+        self.join()
+    }
+
+    /// Unmounts and waits for the session to end.
+    pub fn unmount(mut self) -> anyhow::Result<()> {
+        if let Some(mut u) = self.unmounter.take() {
+            u.unmount()
+                .with_context(|| format!("unmounting {}", self.mountpoint.display()))?;
+        }
+        self.join()
+    }
+
+    fn join(&mut self) -> anyhow::Result<()> {
+        let Some(thread) = self.session_thread.take() else {
+            return Ok(());
+        };
+        let served = thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("FUSE session thread panicked"))?;
+        for line in telemetry::metrics::s3_request_summary() {
+            info!("{line}");
+        }
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(std::time::Duration::from_secs(2));
+        }
+        served.context("FUSE session")?;
+        info!(mountpoint = %self.mountpoint.display(), "unmounted");
+        Ok(())
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if self.session_thread.is_some() {
+            if let Some(mut u) = self.unmounter.take()
+                && let Err(e) = u.unmount()
+            {
+                warn!("unmount of {} failed: {e}", self.mountpoint.display());
+            }
+            let _ = self.join();
+        }
+    }
+}
+
+fn fuse_config(source: &Source, config: &Config) -> fuser::Config {
     let mut options = vec![
         MountOption::FSName(format!("lakemount:{}/{}", source.bucket, source.prefix)),
         MountOption::Subtype("lakemount".into()),
@@ -91,31 +203,7 @@ fn mount_and_serve(source: &Source, mountpoint: &Path, config: &Config) -> anyho
     };
     fuse_config.n_threads = Some(config.mount.fuse_threads);
     fuse_config.clone_fd = true;
-    let mut session = fuser::Session::new(adapter, mountpoint, &fuse_config)
-        .with_context(|| format!("mounting at {}", mountpoint.display()))?;
-    let mut unmounter = session.unmount_callable();
-    rt.spawn(async move {
-        wait_for_signal().await;
-        info!("signal received, unmounting");
-        if let Err(e) = unmounter.unmount() {
-            warn!("unmount failed: {e}");
-        }
-    });
-    info!(
-        bucket = %source.bucket,
-        prefix = %source.prefix,
-        mountpoint = %mountpoint.display(),
-        "mounted (read-only)"
-    );
-    daemon::report_ready();
-    let served = session.run();
-    for line in telemetry::metrics::s3_request_summary() {
-        info!("{line}");
-    }
-    rt.shutdown_timeout(std::time::Duration::from_secs(2));
-    served.context("FUSE session")?;
-    info!("unmounted");
-    Ok(())
+    fuse_config
 }
 
 /// One ListObjectsV2 of at most one key under the prefix: proves the endpoint

@@ -86,6 +86,22 @@ impl S3Store {
         }
         if let Some(region) = &config.region {
             loader = loader.region(Region::new(region.clone()));
+        } else if config.endpoint_url.is_some() {
+            // A custom endpoint is not on EC2's metadata service's map: take the
+            // region from the environment or the profile, else the fallback,
+            // and never probe IMDS for it.
+            use aws_config::meta::region::RegionProviderChain;
+            let mut profile = aws_config::profile::ProfileFileRegionProvider::builder();
+            if let Some(name) = &config.profile {
+                profile = profile.profile_name(name);
+            }
+            loader = loader.region(
+                RegionProviderChain::first_try(
+                    aws_config::environment::EnvironmentVariableRegionProvider::new(),
+                )
+                .or_else(profile.build())
+                .or_else(Region::new(FALLBACK_REGION)),
+            );
         }
         if config.no_sign_request {
             loader = loader.no_credentials();

@@ -1,0 +1,130 @@
+//! Runs the in-memory S3 test server until killed, for manual runs and demos.
+//!
+//! ```text
+//! lakemount-testserver [--port N] [--bucket NAME]... [--populate-demo] [--tls]
+//! ```
+//!
+//! Prints `endpoint=URL` (and `ca=PATH` with `--tls`), plus the credentials, on
+//! stdout, then serves until killed.
+
+use std::io::Write;
+use std::net::SocketAddr;
+
+use lakemount_testserver::{ACCESS_KEY, REGION, SECRET_KEY, TestServer};
+
+const USAGE: &str =
+    "usage: lakemount-testserver [--port N] [--bucket NAME]... [--populate-demo] [--tls]";
+
+struct Args {
+    port: u16,
+    buckets: Vec<String>,
+    populate_demo: bool,
+    tls: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        port: 0,
+        buckets: Vec::new(),
+        populate_demo: false,
+        tls: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) => (f.to_owned(), Some(v.to_owned())),
+            None => (a.clone(), None),
+        };
+        let mut value = |name: &str| {
+            inline
+                .clone()
+                .or_else(|| it.next())
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match flag.as_str() {
+            "--port" => {
+                args.port = value("--port")?
+                    .parse()
+                    .map_err(|e| format!("--port: {e}"))?
+            }
+            "--bucket" => args.buckets.push(value("--bucket")?),
+            "--populate-demo" => args.populate_demo = true,
+            "--tls" => args.tls = true,
+            "-h" | "--help" => return Err(USAGE.to_owned()),
+            other => return Err(format!("unknown argument {other}\n{USAGE}")),
+        }
+    }
+    if args.tls && args.port != 0 {
+        return Err("--tls only supports --port 0".to_owned());
+    }
+    Ok(args)
+}
+
+/// A small tree that shows what lakemount mounts: shards, nested directories,
+/// a file and a directory of the same name, awkward characters, an empty file.
+fn populate_demo(server: &TestServer, bucket: &str) {
+    for i in 0..8u32 {
+        let data: Vec<u8> = (0..1024 * 1024u32)
+            .map(|j| (j.wrapping_mul(31).wrapping_add(i * 7) % 251) as u8)
+            .collect();
+        server.put(bucket, &format!("train/shard-{i:05}.bin"), data);
+    }
+    for (k, v) in [
+        ("README.txt", "lakemount demo bucket\n"),
+        ("train/labels.csv", "id,label\n0,cat\n1,dog\n"),
+        ("val/images/0001.txt", "image 1\n"),
+        ("val/images/0002.txt", "image 2\n"),
+        ("odd/a", "a file named a\n"),
+        ("odd/a/x", "a file under a directory named a\n"),
+        ("odd/with space+plus%.txt", "awkward name\n"),
+        ("odd/ünïcödé.txt", "non-ASCII name\n"),
+        ("empty.bin", ""),
+    ] {
+        server.put(bucket, k, v.as_bytes().to_vec());
+    }
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let mut ca = None;
+    // Kept alive (main never returns) so the server's tasks keep running.
+    let mut _runtime = None;
+    let server = if args.tls {
+        let (s, path) = TestServer::start_tls_background().expect("start server");
+        ca = Some(path);
+        s
+    } else {
+        let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+        let addr = SocketAddr::from(([127, 0, 0, 1], args.port));
+        let s = rt
+            .block_on(TestServer::start_on(addr))
+            .expect("start server");
+        _runtime = Some(rt);
+        s
+    };
+    for b in &args.buckets {
+        server.create_bucket(b);
+        if args.populate_demo {
+            populate_demo(&server, b);
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "endpoint={}", server.endpoint());
+    if let Some(p) = ca {
+        let _ = writeln!(out, "ca={}", p.display());
+    }
+    let _ = writeln!(out, "access_key={ACCESS_KEY}");
+    let _ = writeln!(out, "secret_key={SECRET_KEY}");
+    let _ = writeln!(out, "region={REGION}");
+    let _ = out.flush();
+    drop(out);
+    loop {
+        std::thread::park();
+    }
+}

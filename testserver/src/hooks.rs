@@ -1,0 +1,157 @@
+//! Test hooks: per-operation request counters, injected failures and delays.
+//!
+//! They run inside s3s's access check, which s3s calls for every request once the
+//! operation is known (after routing and the signature check, before the request
+//! body of a PUT is read and before the operation itself runs).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use s3s::access::{S3Access, S3AccessContext};
+use s3s::path::S3Path;
+use s3s::{S3Error, S3ErrorCode, S3Result};
+
+#[derive(Debug, Clone)]
+struct Delay {
+    op: String,
+    key_prefix: String,
+    delay: Duration,
+}
+
+/// Shared hook state; every method is thread-safe and never blocks for long.
+#[derive(Debug, Default)]
+pub struct Hooks {
+    counts: Mutex<HashMap<String, u64>>,
+    failures: Mutex<HashMap<String, (u16, u32)>>,
+    delays: Mutex<Vec<Delay>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Hooks {
+    /// Number of requests of `op` served since the last reset.
+    pub fn count(&self, op: &str) -> u64 {
+        lock(&self.counts).get(op).copied().unwrap_or(0)
+    }
+
+    /// Sets every counter back to zero.
+    pub fn reset_counts(&self) {
+        lock(&self.counts).clear();
+    }
+
+    /// The next `times` requests of `op` fail with `status`.
+    pub fn fail_next(&self, op: &str, status: u16, times: u32) {
+        let mut f = lock(&self.failures);
+        if times == 0 {
+            f.remove(op);
+        } else {
+            f.insert(op.to_owned(), (status, times));
+        }
+    }
+
+    /// Requests of `op` whose key starts with `key_prefix` sleep `delay` first.
+    /// A zero delay removes the rule for that `(op, key_prefix)`.
+    pub fn set_delay(&self, op: &str, key_prefix: &str, delay: Duration) {
+        let mut d = lock(&self.delays);
+        d.retain(|x| !(x.op == op && x.key_prefix == key_prefix));
+        if !delay.is_zero() {
+            d.push(Delay {
+                op: op.to_owned(),
+                key_prefix: key_prefix.to_owned(),
+                delay,
+            });
+        }
+    }
+
+    fn record(&self, op: &str) {
+        *lock(&self.counts).entry(op.to_owned()).or_insert(0) += 1;
+    }
+
+    fn take_failure(&self, op: &str) -> Option<u16> {
+        let mut f = lock(&self.failures);
+        let (status, left) = f.get_mut(op)?;
+        let status = *status;
+        *left -= 1;
+        if *left == 0 {
+            f.remove(op);
+        }
+        Some(status)
+    }
+
+    fn delay_for(&self, op: &str, key: &str) -> Option<Duration> {
+        lock(&self.delays)
+            .iter()
+            .filter(|d| d.op == op && key.starts_with(&d.key_prefix))
+            .map(|d| d.delay)
+            .max()
+    }
+}
+
+/// The S3 error a `fail_next(op, status, _)` injects.
+pub fn injected_error(status: u16) -> S3Error {
+    let code = match status {
+        400 => S3ErrorCode::InvalidRequest,
+        403 => S3ErrorCode::AccessDenied,
+        404 => S3ErrorCode::NoSuchKey,
+        409 => S3ErrorCode::OperationAborted,
+        412 => S3ErrorCode::PreconditionFailed,
+        416 => S3ErrorCode::InvalidRange,
+        500 => S3ErrorCode::InternalError,
+        501 => S3ErrorCode::NotImplemented,
+        503 => S3ErrorCode::SlowDown,
+        _ => S3ErrorCode::Custom("InjectedError".into()),
+    };
+    let mut err = S3Error::with_message(code, format!("injected failure (HTTP {status})"));
+    if let Ok(sc) = http::StatusCode::from_u16(status) {
+        err.set_status_code(sc);
+    }
+    err
+}
+
+/// The key a request is about, for delay matching: the object key, or for a
+/// bucket-level request the `prefix` query parameter (so a ListObjectsV2 of one
+/// "directory" can be slowed), else "".
+fn request_key(cx: &S3AccessContext<'_>) -> String {
+    match cx.s3_path() {
+        S3Path::Object { key, .. } => key.to_string(),
+        _ => cx
+            .uri()
+            .query()
+            .and_then(|q| {
+                q.split('&').find_map(|kv| {
+                    let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                    (k == "prefix").then(|| crate::percent::decode_query(v))
+                })
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// s3s access hook: counts, delays, injects failures, then requires a signature.
+pub struct HookAccess {
+    pub(crate) hooks: std::sync::Arc<Hooks>,
+}
+
+#[async_trait::async_trait]
+impl S3Access for HookAccess {
+    async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
+        let op = cx.s3_op().name().to_owned();
+        self.hooks.record(&op);
+        if let Some(d) = self.hooks.delay_for(&op, &request_key(cx)) {
+            tokio::time::sleep(d).await;
+        }
+        if let Some(status) = self.hooks.take_failure(&op) {
+            return Err(injected_error(status));
+        }
+        match cx.credentials() {
+            Some(_) => Ok(()),
+            None => Err(S3Error::with_message(
+                S3ErrorCode::AccessDenied,
+                "Signature is required",
+            )),
+        }
+    }
+}

@@ -1,0 +1,422 @@
+//! The `s3s::S3` implementation over [`Storage`](crate::storage::Storage).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use s3s::dto::*;
+use s3s::{Body, S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
+
+use crate::percent::encode_url;
+use crate::storage::{ListEntry, Object, Storage, StorageError};
+
+/// Largest page a listing returns, whatever `max-keys` asks for (as in AWS).
+const MAX_KEYS: i32 = 1000;
+
+/// The S3 front end: stateless apart from the shared storage.
+pub struct MemS3 {
+    pub(crate) storage: Arc<Storage>,
+}
+
+fn storage_err(e: StorageError) -> S3Error {
+    match e {
+        StorageError::NoSuchBucket => S3Error::new(S3ErrorCode::NoSuchBucket),
+        StorageError::NoSuchKey => S3Error::new(S3ErrorCode::NoSuchKey),
+        StorageError::BucketExists => S3Error::new(S3ErrorCode::BucketAlreadyOwnedByYou),
+        StorageError::BucketNotEmpty => S3Error::new(S3ErrorCode::BucketNotEmpty),
+    }
+}
+
+/// `SystemTime` truncated to whole seconds, as HTTP dates carry it.
+fn http_time(t: SystemTime) -> Timestamp {
+    let secs = t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+    Timestamp::from(UNIX_EPOCH + Duration::from_secs(secs))
+}
+
+fn etag_dto(obj: &Object) -> ETag {
+    ETag::Strong(obj.etag_value().to_owned())
+}
+
+fn etag_matches(cond: &ETagCondition, obj: &Object) -> bool {
+    match cond {
+        ETagCondition::Any => true,
+        ETagCondition::ETag(e) => e.value() == obj.etag_value(),
+    }
+}
+
+/// Evaluates If-Match / If-Unmodified-Since (412) and If-None-Match /
+/// If-Modified-Since (304) in the order RFC 9110 section 13.2.2 gives.
+fn check_conditions(
+    obj: &Object,
+    if_match: Option<&ETagCondition>,
+    if_unmodified_since: Option<&Timestamp>,
+    if_none_match: Option<&ETagCondition>,
+    if_modified_since: Option<&Timestamp>,
+) -> S3Result<()> {
+    let mtime = http_time(obj.last_modified);
+    if let Some(c) = if_match {
+        if !etag_matches(c, obj) {
+            return Err(S3Error::new(S3ErrorCode::PreconditionFailed));
+        }
+    } else if let Some(t) = if_unmodified_since
+        && mtime > *t
+    {
+        return Err(S3Error::new(S3ErrorCode::PreconditionFailed));
+    }
+    if let Some(c) = if_none_match {
+        if etag_matches(c, obj) {
+            return Err(S3Error::new(S3ErrorCode::NotModified));
+        }
+    } else if let Some(t) = if_modified_since
+        && mtime <= *t
+    {
+        return Err(S3Error::new(S3ErrorCode::NotModified));
+    }
+    Ok(())
+}
+
+/// Resolves an optional Range against the object size: `(start, end_exclusive,
+/// Content-Range)`. Any range on an empty object is unsatisfiable, as in AWS.
+fn resolve_range(range: Option<&Range>, size: u64) -> S3Result<Option<(u64, u64, String)>> {
+    let Some(r) = range else { return Ok(None) };
+    match r.check(size) {
+        Ok(rg) => {
+            let cr = format!("bytes {}-{}/{}", rg.start, rg.end - 1, size);
+            Ok(Some((rg.start, rg.end, cr)))
+        }
+        Err(_) => Err(S3Error::with_message(
+            S3ErrorCode::InvalidRange,
+            format!("The requested range is not satisfiable (object size {size})"),
+        )),
+    }
+}
+
+fn hex_encode(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn hex_decode(s: &str) -> Option<String> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
+
+/// Splits listing entries into `Contents` and `CommonPrefixes`, applying `enc`
+/// (identity, or URL encoding for `encoding-type=url`) to names.
+fn split_entries(
+    entries: Vec<ListEntry>,
+    enc: &dyn Fn(&str) -> String,
+) -> (Vec<s3s::dto::Object>, Vec<CommonPrefix>) {
+    let mut contents = Vec::new();
+    let mut prefixes = Vec::new();
+    for e in entries {
+        match e {
+            ListEntry::Object(key, obj) => contents.push(s3s::dto::Object {
+                key: Some(enc(&key)),
+                size: Some(obj.data.len() as i64),
+                e_tag: Some(etag_dto(&obj)),
+                last_modified: Some(Timestamp::from(obj.last_modified)),
+                storage_class: Some(ObjectStorageClass::from_static(
+                    ObjectStorageClass::STANDARD,
+                )),
+                ..Default::default()
+            }),
+            ListEntry::CommonPrefix(p) => prefixes.push(CommonPrefix {
+                prefix: Some(enc(&p)),
+            }),
+        }
+    }
+    (contents, prefixes)
+}
+
+#[async_trait::async_trait]
+impl S3 for MemS3 {
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        let bucket = req.input.bucket;
+        self.storage.create_bucket(&bucket).map_err(storage_err)?;
+        Ok(S3Response::new(CreateBucketOutput {
+            location: Some(format!("/{bucket}")),
+        }))
+    }
+
+    async fn delete_bucket(
+        &self,
+        req: S3Request<DeleteBucketInput>,
+    ) -> S3Result<S3Response<DeleteBucketOutput>> {
+        self.storage
+            .delete_bucket(&req.input.bucket)
+            .map_err(storage_err)?;
+        Ok(S3Response::new(DeleteBucketOutput {}))
+    }
+
+    async fn head_bucket(
+        &self,
+        req: S3Request<HeadBucketInput>,
+    ) -> S3Result<S3Response<HeadBucketOutput>> {
+        if !self.storage.bucket_exists(&req.input.bucket) {
+            return Err(S3Error::new(S3ErrorCode::NoSuchBucket));
+        }
+        Ok(S3Response::new(HeadBucketOutput {
+            bucket_region: Some(crate::REGION.to_owned()),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_buckets(
+        &self,
+        _req: S3Request<ListBucketsInput>,
+    ) -> S3Result<S3Response<ListBucketsOutput>> {
+        let buckets = self
+            .storage
+            .list_buckets()
+            .into_iter()
+            .map(|(name, created)| Bucket {
+                name: Some(name),
+                creation_date: Some(Timestamp::from(created)),
+                bucket_region: None,
+            })
+            .collect();
+        Ok(S3Response::new(ListBucketsOutput {
+            buckets: Some(buckets),
+            ..Default::default()
+        }))
+    }
+
+    async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        let input = req.input;
+        if !self.storage.bucket_exists(&input.bucket) {
+            return Err(S3Error::new(S3ErrorCode::NoSuchBucket));
+        }
+        let data = match input.body {
+            Some(blob) => Body::from(blob)
+                .store_all_limited(usize::MAX)
+                .await
+                .map_err(|e| S3Error::with_source(S3ErrorCode::IncompleteBody, e))?,
+            None => Bytes::new(),
+        };
+        if input.if_match.is_some() || input.if_none_match.is_some() {
+            // Conditional write: checked against the current version (not atomic
+            // with the write, which is good enough for a test server).
+            match self.storage.get(&input.bucket, &input.key) {
+                Ok(cur) => {
+                    if input
+                        .if_none_match
+                        .as_ref()
+                        .is_some_and(|c| etag_matches(c, &cur))
+                        || input
+                            .if_match
+                            .as_ref()
+                            .is_some_and(|c| !etag_matches(c, &cur))
+                    {
+                        return Err(S3Error::new(S3ErrorCode::PreconditionFailed));
+                    }
+                }
+                Err(_) if input.if_match.is_some() => {
+                    return Err(S3Error::new(S3ErrorCode::NoSuchKey));
+                }
+                Err(_) => {}
+            }
+        }
+        let size = data.len();
+        let etag = self
+            .storage
+            .put(&input.bucket, &input.key, data, SystemTime::now())
+            .map_err(storage_err)?;
+        Ok(S3Response::new(PutObjectOutput {
+            e_tag: Some(ETag::Strong(etag.trim_matches('"').to_owned())),
+            size: Some(size as i64),
+            ..Default::default()
+        }))
+    }
+
+    async fn delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        self.storage
+            .delete(&req.input.bucket, &req.input.key)
+            .map_err(storage_err)?;
+        Ok(S3Response::with_status(
+            DeleteObjectOutput::default(),
+            http::StatusCode::NO_CONTENT,
+        ))
+    }
+
+    async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let i = req.input;
+        let obj = self.storage.get(&i.bucket, &i.key).map_err(storage_err)?;
+        check_conditions(
+            &obj,
+            i.if_match.as_ref(),
+            i.if_unmodified_since.as_ref(),
+            i.if_none_match.as_ref(),
+            i.if_modified_since.as_ref(),
+        )?;
+        let size = obj.data.len() as u64;
+        let range = resolve_range(i.range.as_ref(), size)?;
+        let (len, content_range) = match range {
+            Some((s, e, cr)) => (e - s, Some(cr)),
+            None => (size, None),
+        };
+        let out = HeadObjectOutput {
+            accept_ranges: Some("bytes".to_owned()),
+            content_length: Some(len as i64),
+            content_range,
+            e_tag: Some(etag_dto(&obj)),
+            last_modified: Some(Timestamp::from(obj.last_modified)),
+            ..Default::default()
+        };
+        Ok(S3Response::new(out))
+    }
+
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let i = req.input;
+        let obj = self.storage.get(&i.bucket, &i.key).map_err(storage_err)?;
+        check_conditions(
+            &obj,
+            i.if_match.as_ref(),
+            i.if_unmodified_since.as_ref(),
+            i.if_none_match.as_ref(),
+            i.if_modified_since.as_ref(),
+        )?;
+        let size = obj.data.len() as u64;
+        let (data, content_range) = match resolve_range(i.range.as_ref(), size)? {
+            Some((s, e, cr)) => (obj.data.slice(s as usize..e as usize), Some(cr)),
+            None => (obj.data.clone(), None),
+        };
+        let out = GetObjectOutput {
+            accept_ranges: Some("bytes".to_owned()),
+            content_length: Some(data.len() as i64),
+            content_range,
+            e_tag: Some(etag_dto(&obj)),
+            last_modified: Some(Timestamp::from(obj.last_modified)),
+            body: Some(StreamingBlob::from(Body::from(data))),
+            ..Default::default()
+        };
+        Ok(S3Response::new(out))
+    }
+
+    async fn list_objects(
+        &self,
+        req: S3Request<ListObjectsInput>,
+    ) -> S3Result<S3Response<ListObjectsOutput>> {
+        let i = req.input;
+        let max_keys = i.max_keys.unwrap_or(MAX_KEYS).clamp(0, MAX_KEYS);
+        let prefix = i.prefix.clone().unwrap_or_default();
+        let page = self
+            .storage
+            .list(
+                &i.bucket,
+                &prefix,
+                i.delimiter.as_deref(),
+                i.marker.as_deref().filter(|m| !m.is_empty()),
+                max_keys as usize,
+            )
+            .map_err(storage_err)?;
+        let url = i
+            .encoding_type
+            .as_ref()
+            .is_some_and(|e| e.as_str() == EncodingType::URL);
+        let enc = |s: &str| if url { encode_url(s) } else { s.to_owned() };
+        let (contents, prefixes) = split_entries(page.entries, &enc);
+        Ok(S3Response::new(ListObjectsOutput {
+            name: Some(i.bucket),
+            prefix: Some(enc(&prefix)),
+            delimiter: i.delimiter.as_deref().map(enc),
+            marker: Some(i.marker.as_deref().map(enc).unwrap_or_default()),
+            max_keys: Some(max_keys),
+            is_truncated: Some(page.next_marker.is_some()),
+            // AWS only sends NextMarker with a delimiter; sending it always is
+            // harmless and saves clients from deriving it.
+            next_marker: page.next_marker.as_deref().map(enc),
+            contents: (!contents.is_empty()).then_some(contents),
+            common_prefixes: (!prefixes.is_empty()).then_some(prefixes),
+            encoding_type: i.encoding_type,
+            ..Default::default()
+        }))
+    }
+
+    async fn list_objects_v2(
+        &self,
+        req: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        let i = req.input;
+        let max_keys = i.max_keys.unwrap_or(MAX_KEYS).clamp(0, MAX_KEYS);
+        let prefix = i.prefix.clone().unwrap_or_default();
+        let after = match &i.continuation_token {
+            Some(t) => Some(hex_decode(t).ok_or_else(|| {
+                S3Error::with_message(
+                    S3ErrorCode::InvalidArgument,
+                    "The continuation token provided is incorrect",
+                )
+            })?),
+            None => i.start_after.clone().filter(|s| !s.is_empty()),
+        };
+        let page = self
+            .storage
+            .list(
+                &i.bucket,
+                &prefix,
+                i.delimiter.as_deref(),
+                after.as_deref(),
+                max_keys as usize,
+            )
+            .map_err(storage_err)?;
+
+        let url = i
+            .encoding_type
+            .as_ref()
+            .is_some_and(|e| e.as_str() == EncodingType::URL);
+        let enc = |s: &str| if url { encode_url(s) } else { s.to_owned() };
+
+        let key_count = page.entries.len() as i32;
+        let (contents, prefixes) = split_entries(page.entries, &enc);
+        let out = ListObjectsV2Output {
+            name: Some(i.bucket),
+            prefix: Some(enc(&prefix)),
+            delimiter: i.delimiter.as_deref().map(enc),
+            max_keys: Some(max_keys),
+            key_count: Some(key_count),
+            continuation_token: i.continuation_token,
+            start_after: i.start_after.as_deref().map(enc),
+            is_truncated: Some(page.next_marker.is_some()),
+            next_continuation_token: page.next_marker.as_deref().map(hex_encode),
+            contents: (!contents.is_empty()).then_some(contents),
+            common_prefixes: (!prefixes.is_empty()).then_some(prefixes),
+            encoding_type: i.encoding_type,
+            ..Default::default()
+        };
+        Ok(S3Response::new(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_round_trip() {
+        for s in ["", "a/b", "é #+%"] {
+            assert_eq!(hex_decode(&hex_encode(s)).as_deref(), Some(s));
+        }
+        assert_eq!(hex_decode("zz"), None);
+        assert_eq!(hex_decode("abc"), None);
+    }
+}
