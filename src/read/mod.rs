@@ -64,8 +64,16 @@ struct State {
 impl Drop for State {
     fn drop(&mut self) {
         for p in &self.parts {
-            p.abort.abort();
+            abort_if_unused(p);
         }
+    }
+}
+
+/// Cancels the GET of a part nobody awaits any more; a part another read of
+/// the same handle is waiting for runs on.
+fn abort_if_unused(p: &Part) {
+    if p.data.strong_count().unwrap_or(0) <= 1 {
+        p.abort.abort();
     }
 }
 
@@ -131,21 +139,49 @@ impl<S: ObjectStore> Reader<S> {
 
     /// Under the lock: decides sequential vs. seek, schedules GETs, and returns
     /// the parts covering `[offset, end)`.
+    ///
+    /// "Sequential" tolerates the reordering that kernel read-ahead and
+    /// multi-threaded FUSE dispatch produce: a read up to one window behind the
+    /// first part or beyond the last one continues the stream (the gap is
+    /// fetched) instead of resetting it.
     fn plan(&self, offset: u64, end: u64) -> Vec<(u64, PartFuture)> {
         let mut st = self.state.lock().unwrap();
-        let covered_from = st.parts.front().map(|p| p.start);
-        let covered_to = st.parts.back().map(|p| p.end);
-        let sequential =
-            matches!((covered_from, covered_to), (Some(a), Some(b)) if offset >= a && offset <= b);
-        if sequential {
-            // Drop what the reader has passed; keep the part it is in.
-            while st.parts.front().is_some_and(|p| p.end <= offset) {
-                st.parts.pop_front();
+        let tolerance = st.window.max(self.config.initial_window);
+        let coverage = st
+            .parts
+            .front()
+            .map(|p| p.start)
+            .zip(st.parts.back().map(|p| p.end));
+        let sequential = coverage.is_some_and(|(a, b)| {
+            offset.saturating_add(tolerance) >= a && offset <= b.saturating_add(tolerance)
+        });
+        if let (true, Some((a, b))) = (sequential, coverage) {
+            // Fetch a gap in front (a late, reordered read).
+            let mut gap_end = a;
+            while offset < gap_end {
+                let start = gap_end
+                    .saturating_sub(self.config.part_size.max(1))
+                    .max(offset);
+                let part = self.spawn_get(start, gap_end);
+                st.parts.push_front(part);
+                gap_end = start;
             }
-            st.window = (st.window * 2).min(self.config.max_window.max(1));
+            // Drop parts the reader is more than a window past.
+            while st
+                .parts
+                .front()
+                .is_some_and(|p| p.end.saturating_add(tolerance) <= offset)
+            {
+                let p = st.parts.pop_front().unwrap();
+                abort_if_unused(&p);
+            }
+            // The reader keeps up: it reached the last half of the window.
+            if end.saturating_add(st.window / 2) >= b {
+                st.window = (st.window.saturating_mul(2)).min(self.config.max_window.max(1));
+            }
         } else {
             for p in st.parts.drain(..) {
-                p.abort.abort();
+                abort_if_unused(&p);
             }
             st.window = self.config.initial_window.max(1);
         }
@@ -158,7 +194,8 @@ impl<S: ObjectStore> Reader<S> {
                 .max(1)
                 .min(st.window.max(end.saturating_sub(next)));
             let part_end = (next + len).min(self.size);
-            st.parts.push_back(self.spawn_get(next, part_end));
+            let part = self.spawn_get(next, part_end);
+            st.parts.push_back(part);
             next = part_end;
         }
         st.parts
