@@ -196,18 +196,52 @@ where
             (mapped, status.to_string())
         }
         SdkError::TimeoutError(_) => (
-            StoreError::Transient(format!("timeout: {}", DisplayErrorContext(&err))),
+            StoreError::Transient(format!("timeout: {}", error_chain(&err))),
             "timeout".into(),
         ),
-        SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => (
-            StoreError::Transient(format!("{}", DisplayErrorContext(&err))),
-            "network".into(),
+        SdkError::DispatchFailure(_) if caused_by_credentials(&err) => (
+            StoreError::AccessDenied(format!(
+                "no usable AWS credentials (environment, profile, web identity, instance \
+                 metadata): {}",
+                error_chain(&err)
+            )),
+            "credentials".into(),
         ),
+        SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
+            (StoreError::Transient(error_chain(&err)), "network".into())
+        }
         _ => (
             StoreError::Other(format!("{}", DisplayErrorContext(&err))),
             "error".into(),
         ),
     }
+}
+
+/// Whether the request failed because no credentials could be loaded.
+fn caused_by_credentials(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if e.is::<aws_credential_types::provider::error::CredentialsError>() {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
+/// The error and its causes on one line, innermost last, without repeats
+/// (the SDK's wrappers often repeat their cause's text).
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        let text = e.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        cur = e.source();
+    }
+    parts.join(": ")
 }
 
 fn to_system_time(t: Option<&aws_smithy_types::DateTime>) -> SystemTime {
