@@ -1,0 +1,321 @@
+//! The command line as an admin meets it: help, config errors, clear one-line
+//! reasons for every way mounting can fail, daemon mode, metrics, custom CA.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::process::{Command, Output, Stdio};
+
+use common::*;
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null()).output().expect("run lakemount")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The last line of stderr: the one-line reason.
+fn reason(o: &Output) -> String {
+    stderr(o).lines().last().unwrap_or("").to_string()
+}
+
+#[test]
+fn help_lists_the_options() {
+    let o = run(Command::new(lakemount_bin()).args(["mount", "--help"]));
+    assert!(o.status.success());
+    let help = String::from_utf8_lossy(&o.stdout);
+    for opt in [
+        "--endpoint-url",
+        "--region",
+        "--profile",
+        "--force-path-style",
+        "--no-sign-request",
+        "--ca-bundle",
+        "-o <OPTIONS>",
+        "--allow-other",
+        "--uid",
+        "--gid",
+        "--file-mode",
+        "--dir-mode",
+        "--read-only",
+        "--config",
+        "--log-level",
+        "--metrics-addr",
+        "--daemon",
+        "--metadata-ttl",
+    ] {
+        assert!(help.contains(opt), "--help lacks {opt}:\n{help}");
+    }
+}
+
+#[test]
+fn unknown_config_key_is_named() {
+    let dir = TempDir::new("badcfg");
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(&cfg, "[read]\npart_size = 1048576\nread_ahead_mb = 64\n").unwrap();
+    let o = run(lakemount_cmd(&server().endpoint())
+        .args([
+            "mount",
+            "s3://whatever",
+            dir.0.to_str().unwrap(),
+            "--config",
+        ])
+        .arg(&cfg));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("read_ahead_mb") && err.contains("line 3"),
+        "{err}"
+    );
+    assert!(
+        err.contains("expected one of `part_size`"),
+        "accepted keys not listed: {err}"
+    );
+}
+
+#[test]
+fn bad_value_is_named() {
+    let dir = TempDir::new("badval");
+    let cfg = dir.0.join("c.toml");
+    std::fs::write(
+        &cfg,
+        "[read]\ninitial_window = 1048576\nmax_window = 1024\n",
+    )
+    .unwrap();
+    let o = run(lakemount_cmd(&server().endpoint())
+        .args([
+            "mount",
+            "s3://whatever",
+            dir.0.to_str().unwrap(),
+            "--config",
+        ])
+        .arg(&cfg));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(reason(&o).contains("read.max_window"), "{}", stderr(&o));
+    let o = run(lakemount_cmd(&server().endpoint()).args([
+        "mount",
+        "s3://whatever",
+        dir.0.to_str().unwrap(),
+        "-o",
+        "nosuchopt",
+    ]));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(reason(&o).contains("nosuchopt"), "{}", stderr(&o));
+}
+
+#[test]
+fn missing_bucket_fails_with_reason() {
+    let dir = TempDir::new("nobucket");
+    let o = run(lakemount_cmd(&server().endpoint())
+        .args(["mount", "s3://no-such-bucket-here"])
+        .arg(&dir.0));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        reason(&o).contains("bucket \"no-such-bucket-here\" does not exist"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!is_mounted(&dir.0));
+}
+
+#[test]
+fn access_denied_fails_with_reason() {
+    let b = bucket("denied");
+    let dir = TempDir::new("denied");
+    let o = run(lakemount_cmd(&server().endpoint())
+        .env("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+        .args(["mount", &format!("s3://{b}")])
+        .arg(&dir.0));
+    assert_eq!(o.status.code(), Some(1));
+    let r = reason(&o);
+    assert!(r.contains("access denied"), "{}", stderr(&o));
+    assert!(
+        !stderr(&o).contains("not-the-secret"),
+        "secret leaked into the log"
+    );
+}
+
+#[test]
+fn unreachable_endpoint_fails_with_reason() {
+    // Bind then drop a listener: nothing listens on that port now.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = TempDir::new("unreach");
+    let o = run(lakemount_cmd(&format!("http://127.0.0.1:{port}"))
+        .args(["mount", "s3://some-bucket", "--config"])
+        .arg(write_cfg(&dir, "[s3]\nmax_attempts = 2\n"))
+        .arg(&dir.0));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        reason(&o).contains("cannot reach S3 endpoint"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+fn write_cfg(dir: &TempDir, text: &str) -> std::path::PathBuf {
+    let p = dir.0.join("extra.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn mountpoint_must_be_a_directory() {
+    let b = bucket("notdir");
+    let dir = TempDir::new("notdir");
+    let file = dir.0.join("file");
+    std::fs::write(&file, "x").unwrap();
+    let o = run(lakemount_cmd(&server().endpoint())
+        .args(["mount", &format!("s3://{b}")])
+        .arg(&file));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(reason(&o).contains("is not a directory"), "{}", stderr(&o));
+    let o = run(lakemount_cmd(&server().endpoint())
+        .args(["mount", &format!("s3://{b}")])
+        .arg(dir.0.join("missing")));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        reason(&o).contains("No such file or directory"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn daemon_returns_once_mounted_and_umount_stops_it() {
+    let b = bucket("daemon");
+    server().put(&b, "f.txt", "daemon data");
+    let dir = TempDir::new("daemon");
+    let log = dir.0.join("log");
+    let mnt = dir.0.join("m");
+    std::fs::create_dir(&mnt).unwrap();
+    let o = run(lakemount_cmd(&server().endpoint())
+        .args(["mount", &format!("s3://{b}")])
+        .arg(&mnt)
+        .arg("--daemon")
+        .arg("--log-file")
+        .arg(&log));
+    assert!(o.status.success(), "{}", stderr(&o));
+    // No polling: the mount is usable the moment the command returns.
+    assert!(is_mounted(&mnt));
+    assert_eq!(
+        std::fs::read_to_string(mnt.join("f.txt")).unwrap(),
+        "daemon data"
+    );
+    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("unmounted")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "daemon did not log its exit"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // A daemon that cannot mount makes the command fail with the reason.
+    let o = run(lakemount_cmd(&server().endpoint())
+        .args(["mount", "s3://no-such-bucket-daemon"])
+        .arg(&mnt)
+        .arg("--daemon"));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(reason(&o).contains("does not exist"), "{}", stderr(&o));
+}
+
+#[test]
+fn metrics_endpoint_counts_s3_requests() {
+    let b = bucket("metrics");
+    server().put(&b, "a.bin", data(10_000, 3));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let m = Mount::new(&b, &["--metrics-addr", &addr]);
+    assert_eq!(std::fs::read(m.p("a.bin")).unwrap(), data(10_000, 3));
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        conn,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut body = String::new();
+    conn.read_to_string(&mut body).unwrap();
+    for want in [
+        "lakemount_s3_requests_total{op=\"LIST\",status=\"200\"}",
+        "lakemount_s3_requests_total{op=\"GET\",status=\"206\"}",
+        "lakemount_fuse_read_bytes_total 10000",
+    ] {
+        assert!(body.contains(want), "{want} missing from /metrics:\n{body}");
+    }
+}
+
+#[test]
+fn custom_ca_bundle_for_https_endpoint() {
+    let (tls, ca) = TestServer::start_tls_background().unwrap();
+    tls.create_bucket("tls-bucket");
+    tls.put("tls-bucket", "secret.txt", "over https");
+    // The machine's AWS_CA_BUNDLE (system roots) does not know the test CA.
+    let dir = TempDir::new("tls-fail");
+    let o = run(lakemount_cmd(&tls.endpoint())
+        .env("AWS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+        .args(["mount", "s3://tls-bucket", "--config"])
+        .arg(write_cfg(&dir, "[s3]\nmax_attempts = 1\n"))
+        .arg(&dir.0));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        reason(&o).contains("cannot reach S3 endpoint"),
+        "{}",
+        stderr(&o)
+    );
+    // --ca-bundle trusts it.
+    let m = Mount::with_source(
+        "tls-bucket",
+        "s3://tls-bucket",
+        &[
+            "--endpoint-url",
+            &tls.endpoint(),
+            "--ca-bundle",
+            ca.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(
+        std::fs::read_to_string(m.p("secret.txt")).unwrap(),
+        "over https"
+    );
+    drop(m);
+    // So does AWS_CA_BUNDLE, as with the AWS CLI.
+    let dir = TempDir::new("tls-env");
+    let mnt = dir.0.join("m");
+    std::fs::create_dir(&mnt).unwrap();
+    let o = run(lakemount_cmd(&tls.endpoint())
+        .env("AWS_CA_BUNDLE", &ca)
+        .args(["mount", "s3://tls-bucket"])
+        .arg(&mnt)
+        .arg("--daemon"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(mnt.join("secret.txt")).unwrap(),
+        "over https"
+    );
+    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+}
+
+#[test]
+fn plain_http_works_with_aws_ca_bundle_set() {
+    let b = bucket("plainhttp");
+    server().put(&b, "x", "plain");
+    let dir = TempDir::new("cafile");
+    let ca = dir.0.join("ca.pem");
+    // Any PEM will do: the endpoint is http.
+    std::fs::copy("/etc/ssl/certs/ca-certificates.crt", &ca).unwrap();
+    let m = Mount::new(&b, &["--ca-bundle", ca.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(m.p("x")).unwrap(), "plain");
+}
