@@ -113,6 +113,9 @@ impl Mounted {
             mountpoint = %mountpoint.display(),
             "mounted (read-only)"
         );
+        if config.read.kernel_read_ahead > 0 {
+            set_kernel_read_ahead(mountpoint, config.read.kernel_read_ahead);
+        }
         Ok(Self {
             session_thread: Some(session_thread),
             unmounter: Some(unmounter),
@@ -178,6 +181,32 @@ impl Drop for Mounted {
             }
             let _ = self.join();
         }
+    }
+}
+
+/// Sets the mount's kernel read-ahead (`/sys/class/bdi/MAJOR:MINOR/read_ahead_kb`).
+/// FUSE starts every mount at 128 KiB and offers no init option to raise it.
+/// Needs root; otherwise logs a warning and leaves the default.
+fn set_kernel_read_ahead(mountpoint: &Path, bytes: u64) {
+    use std::os::unix::fs::MetadataExt;
+    // The stat is answered by the session thread, which is running by now.
+    let dev = match std::fs::metadata(mountpoint) {
+        Ok(m) => m.dev(),
+        Err(e) => {
+            return warn!(
+                "kernel read-ahead left unchanged: stat {}: {e}",
+                mountpoint.display()
+            );
+        }
+    };
+    let path = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
+    match std::fs::write(&path, format!("{}\n", bytes.div_ceil(1024))) {
+        Ok(()) => tracing::debug!(path, kib = bytes.div_ceil(1024), "kernel read-ahead set"),
+        Err(e) => warn!("kernel read-ahead left at the FUSE default: writing {path}: {e}"),
     }
 }
 

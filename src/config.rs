@@ -122,6 +122,15 @@ impl Config {
                 ),
             );
         }
+        if r.memory_budget.is_some_and(|b| b < r.part_size) {
+            return bad(
+                "read.memory_budget",
+                format!(
+                    "below read.part_size ({}); accepted: at least one part",
+                    r.part_size
+                ),
+            );
+        }
         let m = &self.mount;
         if m.file_mode > 0o7777 {
             return bad(

@@ -17,7 +17,7 @@ pub use error::FsError;
 
 use crate::meta::names::{BadName, check_name};
 use crate::meta::{Attr, EntryKind, ListedEntry, Meta, MetaConfig, ROOT_INO};
-use crate::read::{ReadConfig, Reader};
+use crate::read::{MemoryBudget, ReadConfig, Reader};
 use crate::store::ObjectStore;
 
 /// Ownership, permissions and FUSE session settings (`[mount]` in the config file).
@@ -109,6 +109,7 @@ pub struct Fs<S> {
     store: Arc<S>,
     meta: Meta<S>,
     read_config: ReadConfig,
+    budget: MemoryBudget,
     uid: u32,
     gid: u32,
     file_mode: u16,
@@ -137,6 +138,7 @@ impl<S: ObjectStore> Fs<S> {
         Self {
             meta: Meta::new(store.clone(), meta, root_prefix),
             store,
+            budget: MemoryBudget::new(read.budget_bytes()),
             read_config: read,
             uid: mount.uid.unwrap_or(uid),
             gid: mount.gid.unwrap_or(gid),
@@ -250,6 +252,7 @@ impl<S: ObjectStore> Fs<S> {
             &attr.etag,
             attr.size,
             self.read_config.clone(),
+            self.budget.clone(),
         );
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.files.lock().unwrap().insert(fh, Arc::new(reader));

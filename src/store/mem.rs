@@ -23,6 +23,8 @@ pub struct MemStore {
     pub heads: AtomicU64,
     /// Ranged GETs served.
     pub gets: AtomicU64,
+    /// Bytes returned by ranged GETs.
+    pub get_bytes: AtomicU64,
 }
 
 impl MemStore {
@@ -109,6 +111,8 @@ impl ObjectStore for MemStore {
             return Err(StoreError::InvalidRange);
         }
         let end = range.end.min(data.len() as u64);
+        self.get_bytes
+            .fetch_add(end - range.start, Ordering::Relaxed);
         Ok(data.slice(range.start as usize..end as usize))
     }
 }

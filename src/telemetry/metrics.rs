@@ -24,6 +24,17 @@ pub const FUSE_ERRORS: &str = "lakemount_fuse_errors_total";
 /// component (empty, `.`, `..`, over 255 bytes), or a file shadowed by a directory.
 pub const KEYS_SKIPPED: &str = "lakemount_keys_skipped_total";
 
+/// Counter: read-ahead bytes fetched but dropped before any reader used them.
+pub const PREFETCH_UNUSED_BYTES: &str = "lakemount_prefetch_unused_bytes_total";
+/// Counter: read-ahead windows reset by a seek.
+pub const PREFETCH_WINDOW_RESETS: &str = "lakemount_prefetch_window_resets_total";
+/// Counter: read-ahead parts not sent because the memory budget was used up.
+pub const PREFETCH_BUDGET_REFUSALS: &str = "lakemount_prefetch_budget_refusals_total";
+/// Gauge: bytes reserved by read-ahead and demand parts now.
+pub const PREFETCH_MEMORY_BYTES: &str = "lakemount_prefetch_memory_bytes";
+/// Histogram: time one FUSE read waited for S3 data, seconds (0 when prefetched).
+pub const READ_WAIT_SECONDS: &str = "lakemount_read_wait_seconds";
+
 /// `op` label of ListObjectsV2.
 pub const OP_LIST: &str = "LIST";
 /// `op` label of HeadObject.

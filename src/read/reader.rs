@@ -1,0 +1,419 @@
+//! The reader of one open file: ranged GETs pinned to the ETag seen at open,
+//! with sequential read-ahead.
+//!
+//! A handle starts with a window of [`ReadConfig::initial_window`] bytes, so a
+//! random read costs one small GET plus that margin. While reads stay
+//! sequential the window doubles each time the reader reaches its second half,
+//! up to [`ReadConfig::max_window`] and to its fair share of the
+//! [`MemoryBudget`] (the budget divided by the open readers), split into GETs of
+//! at most [`ReadConfig::part_size`] running concurrently. Every read-ahead part
+//! reserves its bytes from the budget first; one that does not fit is not sent
+//! and the window shrinks instead.
+//!
+//! "Sequential" tolerates the reordering kernel read-ahead and multi-threaded
+//! FUSE dispatch produce: a read up to one window behind the first part held or
+//! beyond the last one continues the stream (the gap is fetched). Anything else
+//! is a seek: parts nobody awaits are cancelled and the window starts small.
+//! Reads of one handle may run concurrently; the lock is never held across a GET.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+
+use super::ReadConfig;
+use super::budget::{MemoryBudget, ReaderGuard, Reservation};
+use crate::store::{ObjectStore, StoreError};
+use crate::telemetry::metrics as m;
+
+type PartFuture = Shared<BoxFuture<'static, Result<Bytes, StoreError>>>;
+
+/// One ranged GET, in flight or done.
+struct Part {
+    start: u64,
+    end: u64,
+    data: PartFuture,
+    abort: tokio::task::AbortHandle,
+    /// Bytes of this part returned to readers so far.
+    delivered: u64,
+    _reservation: Reservation,
+}
+
+impl Drop for Part {
+    fn drop(&mut self) {
+        if self.data.strong_count().unwrap_or(0) <= 1 {
+            self.abort.abort();
+        }
+        if let Some(Ok(bytes)) = self.data.peek() {
+            let unused = (bytes.len() as u64).saturating_sub(self.delivered);
+            if unused > 0 {
+                metrics::counter!(m::PREFETCH_UNUSED_BYTES).increment(unused);
+            }
+        }
+    }
+}
+
+struct State {
+    /// Contiguous parts in offset order: `parts[i].end == parts[i+1].start`.
+    parts: VecDeque<Part>,
+    /// Current read-ahead window, bytes.
+    window: u64,
+}
+
+/// The reader of one open file at one ETag.
+pub struct Reader<S> {
+    store: Arc<S>,
+    key: Arc<str>,
+    etag: Arc<str>,
+    size: u64,
+    config: ReadConfig,
+    budget: MemoryBudget,
+    state: Mutex<State>,
+    _guard: ReaderGuard,
+}
+
+impl<S: ObjectStore> Reader<S> {
+    /// A reader of `key` (`size` bytes) pinned to `etag`, drawing read-ahead
+    /// memory from `budget`.
+    pub fn new(
+        store: Arc<S>,
+        key: &str,
+        etag: &str,
+        size: u64,
+        config: ReadConfig,
+        budget: MemoryBudget,
+    ) -> Self {
+        let window = config.initial_window.max(1);
+        Self {
+            store,
+            key: key.into(),
+            etag: etag.into(),
+            size,
+            config,
+            _guard: budget.register_reader(),
+            budget,
+            state: Mutex::new(State {
+                parts: VecDeque::new(),
+                window,
+            }),
+        }
+    }
+
+    /// Object size in bytes as seen at open.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Reads `len` bytes at `offset`. Returns fewer only at end of file, and
+    /// none at or past it. Errors: the store's ([`StoreError::PreconditionFailed`]
+    /// when the object changed since open).
+    pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, StoreError> {
+        if offset >= self.size || len == 0 {
+            return Ok(Bytes::new());
+        }
+        let end = (offset + len as u64).min(self.size);
+        let wanted = self.plan(offset, end);
+        let waited = Instant::now();
+        let mut chunks = Vec::with_capacity(wanted.len());
+        for (start, data) in wanted {
+            let bytes = data.await?;
+            let from = offset.max(start) - start;
+            let to = (end.min(start + bytes.len() as u64) - start).max(from);
+            chunks.push(bytes.slice(from as usize..to as usize));
+        }
+        metrics::histogram!(m::READ_WAIT_SECONDS).record(waited.elapsed().as_secs_f64());
+        Ok(match chunks.len() {
+            1 => chunks.pop().unwrap(),
+            _ => {
+                let mut buf = BytesMut::with_capacity((end - offset) as usize);
+                for c in chunks {
+                    buf.extend_from_slice(&c);
+                }
+                buf.freeze()
+            }
+        })
+    }
+
+    /// The largest window this reader may have now.
+    fn window_cap(&self) -> u64 {
+        let initial = self.config.initial_window.max(1);
+        self.config
+            .max_window
+            .min(self.budget.fair_share())
+            .max(initial)
+    }
+
+    /// Under the lock: decides sequential vs. seek, schedules GETs, and returns
+    /// the parts covering `[offset, end)`.
+    fn plan(&self, offset: u64, end: u64) -> Vec<(u64, PartFuture)> {
+        let mut st = self.state.lock().unwrap();
+        let initial = self.config.initial_window.max(1);
+        let part_size = self.config.part_size.max(1);
+        let tolerance = st.window.max(initial);
+        let coverage = st
+            .parts
+            .front()
+            .map(|p| p.start)
+            .zip(st.parts.back().map(|p| p.end));
+        let sequential = coverage.is_some_and(|(a, b)| {
+            offset.saturating_add(tolerance) >= a && offset <= b.saturating_add(tolerance)
+        });
+        if let (true, Some((a, b))) = (sequential, coverage) {
+            // A late, reordered read in front of what is held: fetch the gap.
+            let mut gap_end = a;
+            while offset < gap_end {
+                let start = gap_end.saturating_sub(part_size).max(offset);
+                let part =
+                    self.spawn_get(start, gap_end, self.budget.reserve_demand(gap_end - start));
+                st.parts.push_front(part);
+                gap_end = start;
+            }
+            // Drop parts the reader is more than a window past.
+            while st
+                .parts
+                .front()
+                .is_some_and(|p| p.end.saturating_add(tolerance) <= offset)
+            {
+                st.parts.pop_front();
+            }
+            // The reader keeps up: it reached the second half of the window.
+            if end.saturating_add(st.window / 2) >= b {
+                st.window = st.window.saturating_mul(2).min(self.window_cap());
+            }
+        } else {
+            if coverage.is_some() {
+                metrics::counter!(m::PREFETCH_WINDOW_RESETS).increment(1);
+            }
+            st.parts.clear();
+            st.window = initial;
+        }
+        let target = end.max(offset + st.window).min(self.size);
+        let mut next = st.parts.back().map_or(offset, |p| p.end);
+        while next < target {
+            let len = part_size.min(st.window.max(end.saturating_sub(next)));
+            let part_end = (next + len).min(self.size);
+            let reservation = if next < end {
+                self.budget.reserve_demand(part_end - next)
+            } else if let Some(r) = self.budget.try_reserve(part_end - next) {
+                r
+            } else {
+                // Budget exhausted: shrink to what is already in flight ahead.
+                metrics::counter!(m::PREFETCH_BUDGET_REFUSALS).increment(1);
+                st.window = (next - offset).max(initial);
+                break;
+            };
+            let part = self.spawn_get(next, part_end, reservation);
+            st.parts.push_back(part);
+            next = part_end;
+        }
+        metrics::gauge!(m::PREFETCH_MEMORY_BYTES).set(self.budget.in_use() as f64);
+        st.parts
+            .iter_mut()
+            .filter(|p| p.start < end && p.end > offset)
+            .map(|p| {
+                p.delivered += end.min(p.end) - offset.max(p.start);
+                (p.start, p.data.clone())
+            })
+            .collect()
+    }
+
+    fn spawn_get(&self, start: u64, end: u64, reservation: Reservation) -> Part {
+        let store = self.store.clone();
+        let key = self.key.clone();
+        let etag = self.etag.clone();
+        let task = tokio::spawn(async move { store.get_range(&key, start..end, &etag).await });
+        let abort = task.abort_handle();
+        let data = async move {
+            task.await
+                .unwrap_or_else(|e| Err(StoreError::Other(format!("GET task ended: {e}"))))
+        }
+        .boxed()
+        .shared();
+        Part {
+            start,
+            end,
+            data,
+            abort,
+            delivered: 0,
+            _reservation: reservation,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::mem::MemStore;
+    use std::sync::atomic::Ordering;
+
+    fn data(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 % 251) as u8).collect()
+    }
+
+    fn cfg() -> ReadConfig {
+        ReadConfig {
+            part_size: 1000,
+            initial_window: 100,
+            max_window: 4000,
+            ..ReadConfig::default()
+        }
+    }
+
+    fn budget() -> MemoryBudget {
+        MemoryBudget::new(1 << 20)
+    }
+
+    #[tokio::test]
+    async fn sequential_reads_are_exact_and_grow_window() {
+        let store = Arc::new(MemStore::default());
+        let d = data(50_000);
+        let etag = store.put("k", d.clone());
+        let r = Reader::new(store.clone(), "k", &etag, d.len() as u64, cfg(), budget());
+        let mut got = Vec::new();
+        let mut off = 0;
+        loop {
+            let b = r.read(off, 333).await.unwrap();
+            if b.is_empty() {
+                break;
+            }
+            off += b.len() as u64;
+            got.extend_from_slice(&b);
+        }
+        assert_eq!(got, d);
+        // 50 000 bytes in parts of at most 1000: at least 50 GETs, and far fewer
+        // than one per 333-byte read (151 reads) once the window has grown.
+        let gets = store.gets.load(Ordering::Relaxed);
+        assert!((50..=70).contains(&gets), "gets = {gets}");
+    }
+
+    #[tokio::test]
+    async fn seeks_and_eof() {
+        let store = Arc::new(MemStore::default());
+        let d = data(10_000);
+        let etag = store.put("k", d.clone());
+        let r = Reader::new(store.clone(), "k", &etag, d.len() as u64, cfg(), budget());
+        for (off, len) in [(9_990, 100), (5, 10), (4_000, 2_500), (0, 1), (9_999, 1)] {
+            let b = r.read(off, len).await.unwrap();
+            let end = (off as usize + len as usize).min(d.len());
+            assert_eq!(&b[..], &d[off as usize..end], "read {off}+{len}");
+        }
+        assert!(r.read(10_000, 10).await.unwrap().is_empty());
+        assert!(r.read(20_000, 10).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn changed_object_is_an_error_not_new_bytes() {
+        let store = Arc::new(MemStore::default());
+        let etag = store.put("k", data(5_000));
+        let r = Reader::new(store.clone(), "k", &etag, 5_000, cfg(), budget());
+        assert_eq!(r.read(0, 10).await.unwrap().len(), 10);
+        store.put("k", vec![0u8; 5_000]);
+        let e = r.read(3_000, 10).await.unwrap_err();
+        assert_eq!(e, StoreError::PreconditionFailed);
+    }
+
+    #[tokio::test]
+    async fn random_reads_fetch_only_a_small_margin() {
+        let store = Arc::new(MemStore::default());
+        let d = data(1 << 20);
+        let etag = store.put("k", d.clone());
+        let c = ReadConfig {
+            part_size: 64 << 10,
+            initial_window: 8 << 10,
+            max_window: 256 << 10,
+            ..ReadConfig::default()
+        };
+        let r = Reader::new(store.clone(), "k", &etag, d.len() as u64, c, budget());
+        // Offsets far apart: every read is a seek.
+        for i in 0..20u64 {
+            let off = (i * 7919 * 4099) % ((1 << 20) - 4096);
+            let off = off - off % 4096;
+            let b = r.read(off, 4096).await.unwrap();
+            assert_eq!(&b[..], &d[off as usize..off as usize + 4096]);
+        }
+        let fetched = store.get_bytes.load(Ordering::Relaxed);
+        assert!(
+            fetched <= 20 * (8 << 10),
+            "random 4 KiB reads fetched {fetched} bytes"
+        );
+    }
+
+    #[tokio::test]
+    async fn many_readers_stay_within_budget_plus_demand() {
+        let store = Arc::new(MemStore::default());
+        let d = data(2 << 20);
+        let etag = store.put("k", d.clone());
+        let c = ReadConfig {
+            part_size: 64 << 10,
+            initial_window: 16 << 10,
+            max_window: 1 << 20,
+            ..ReadConfig::default()
+        };
+        let budget = MemoryBudget::new(512 << 10);
+        let readers: Vec<_> = (0..50)
+            .map(|_| {
+                Reader::new(
+                    store.clone(),
+                    "k",
+                    &etag,
+                    d.len() as u64,
+                    c.clone(),
+                    budget.clone(),
+                )
+            })
+            .collect();
+        let read_len = 32u64 << 10;
+        let mut peak = 0;
+        for step in 0..64u64 {
+            for r in &readers {
+                let off = step * read_len;
+                let b = r.read(off, read_len as u32).await.unwrap();
+                assert_eq!(&b[..], &d[off as usize..(off + read_len) as usize]);
+                peak = peak.max(budget.in_use());
+            }
+        }
+        // Read-ahead within the budget; each reader may hold at most one demand
+        // part (a window's worth) beyond it.
+        let bound = budget.total() + 50 * c.initial_window.max(read_len) * 2;
+        assert!(peak <= bound, "peak {peak} > bound {bound}");
+        drop(readers);
+        assert_eq!(budget.in_use(), 0, "reservations leaked");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Any mix of sequential reads, small reorderings and seeks returns the
+        /// exact bytes, and returns every reservation when the reader is dropped.
+        #[test]
+        fn any_read_pattern_is_exact(
+            steps in proptest::collection::vec((0u8..4, 1u32..20_000, 0u64..60_000), 1..60)
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let store = Arc::new(MemStore::default());
+                let d = data(50_000);
+                let etag = store.put("k", d.clone());
+                let budget = MemoryBudget::new(16 << 10);
+                let r = Reader::new(store.clone(), "k", &etag, d.len() as u64, cfg(), budget.clone());
+                let mut pos = 0u64;
+                for (kind, len, jump) in steps {
+                    pos = match kind {
+                        0 | 1 => pos,                         // sequential
+                        2 => pos.saturating_sub(len as u64),  // small step back
+                        _ => jump,                            // seek
+                    };
+                    let b = r.read(pos, len).await.unwrap();
+                    let start = (pos as usize).min(d.len());
+                    let end = (pos as usize + len as usize).min(d.len());
+                    assert_eq!(&b[..], &d[start..end]);
+                    pos += b.len() as u64;
+                }
+                drop(r);
+                assert_eq!(budget.in_use(), 0);
+            });
+        }
+    }
+}
