@@ -98,6 +98,22 @@ impl Mounted {
             config.metadata.clone(),
             config.read.clone(),
         ));
+        if config.metadata.prefetch_tree {
+            let fs = fs.clone();
+            rt.spawn(async move {
+                let start = std::time::Instant::now();
+                match fs.prefetch_tree().await {
+                    Ok(n) => info!(
+                        objects = n,
+                        secs = start.elapsed().as_secs_f64(),
+                        "tree listed"
+                    ),
+                    Err(e) => {
+                        warn!("listing the whole tree failed: {e}; directories list on demand")
+                    }
+                }
+            });
+        }
         let adapter = FuseFs::new(fs, rt.handle().clone());
         let mut session = fuser::Session::new(adapter, mountpoint, &fuse_config(source, config))
             .with_context(|| format!("mounting at {}", mountpoint.display()))?;

@@ -16,7 +16,7 @@ use serde::Deserialize;
 pub use error::FsError;
 
 use crate::meta::names::{BadName, check_name};
-use crate::meta::{Attr, EntryKind, ListedEntry, Meta, MetaConfig, ROOT_INO};
+use crate::meta::{Attr, DirListing, EntryKind, Meta, MetaConfig, ROOT_INO};
 use crate::read::{MemoryBudget, ReadConfig, Reader};
 use crate::store::ObjectStore;
 
@@ -101,7 +101,7 @@ pub struct Opened {
 struct DirHandle {
     ino: u64,
     prefix: String,
-    entries: Arc<Vec<ListedEntry>>,
+    listing: Arc<DirListing>,
 }
 
 /// The file system.
@@ -154,6 +154,22 @@ impl<S: ObjectStore> Fs<S> {
     /// How long the kernel may cache entries and attributes.
     pub fn kernel_ttl(&self) -> Duration {
         self.meta.config().kernel_ttl()
+    }
+
+    /// How long the kernel may cache a "no such name" answer.
+    pub fn negative_ttl(&self) -> Duration {
+        self.meta.config().negative_ttl()
+    }
+
+    /// Lists the whole tree under the mount in the background-friendly way of
+    /// [`Meta::prefetch_tree`]; returns the number of objects seen.
+    pub async fn prefetch_tree(&self) -> Result<usize, FsError> {
+        let root = self
+            .meta
+            .inodes
+            .get(ROOT_INO)
+            .expect("root is never forgotten");
+        Ok(self.meta.prefetch_tree(&root.key).await?)
     }
 
     fn stat(&self, a: &Attr) -> Stat {
@@ -285,14 +301,14 @@ impl<S: ObjectStore> Fs<S> {
     /// handle reads, so offsets stay valid across rewind and seekdir.
     pub async fn opendir(&self, ino: u64) -> Result<u64, FsError> {
         let dir = self.dir_attr(ino)?;
-        let entries = self.meta.listing(&dir.key).await?;
+        let listing = self.meta.listing(&dir.key).await?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.dirs.lock().unwrap().insert(
             fh,
             Arc::new(DirHandle {
                 ino,
                 prefix: dir.key,
-                entries,
+                listing,
             }),
         );
         Ok(fh)
@@ -343,7 +359,7 @@ impl<S: ObjectStore> Fs<S> {
             }
         }
         let start = offset.saturating_sub(FIRST_ENTRY_OFFSET - 1) as usize;
-        for (i, e) in handle.entries.iter().enumerate().skip(start) {
+        for (i, e) in handle.listing.entries.iter().enumerate().skip(start) {
             if !fits(&mut used, &e.name) {
                 break;
             }

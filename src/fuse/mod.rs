@@ -110,6 +110,13 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         self.rt.spawn(async move {
             match fs.lookup(parent.0, &name).await {
                 Ok(stat) => reply.entry(&fs.kernel_ttl(), &Self::attr(&stat), Generation(0)),
+                Err(FsError::NotFound) if !fs.negative_ttl().is_zero() => {
+                    // Node id 0 is a negative entry: the kernel answers ENOENT
+                    // itself for the TTL (fuse_lookup_name in fs/fuse/dir.c).
+                    let mut attr = Self::attr(&fs.root_stat());
+                    attr.ino = INodeNo(0);
+                    reply.entry(&fs.negative_ttl(), &attr, Generation(0))
+                }
                 Err(e) => reply.error(errno("lookup", &e)),
             }
         });

@@ -88,6 +88,13 @@ pub async fn list_dir<S: ObjectStore>(
             break;
         }
     }
+    Ok(finalize(prefix, entries))
+}
+
+/// Sorts `entries` of the directory at `prefix` by name bytes and keeps each
+/// name once: a name that is both a file and a directory is the directory (the
+/// file is shadowed, with a warning).
+pub(crate) fn finalize(prefix: &str, mut entries: Vec<ListedEntry>) -> Vec<ListedEntry> {
     // A directory sorts before a file of the same name, so dedup keeps the directory.
     entries.sort_by(|a, b| {
         a.name.as_bytes().cmp(b.name.as_bytes()).then(
@@ -97,21 +104,22 @@ pub async fn list_dir<S: ObjectStore>(
         )
     });
     entries.dedup_by(|later, first| {
-        if later.name == first.name {
+        if later.name != first.name {
+            return false;
+        }
+        if later.kind != first.kind {
             warn!(
                 key = %format!("{prefix}{}", later.name),
                 "object shadowed by a directory of the same name; only the directory is shown"
             );
             metrics::counter!(m::KEYS_SKIPPED, "reason" => "shadowed").increment(1);
-            true
-        } else {
-            false
         }
+        true
     });
-    Ok(entries)
+    entries
 }
 
-fn skip(key: &str, why: super::names::BadName) {
+pub(crate) fn skip(key: &str, why: super::names::BadName) {
     warn!(key = %key.escape_debug(), reason = %why, "key not shown");
     metrics::counter!(m::KEYS_SKIPPED, "reason" => "bad_name").increment(1);
 }

@@ -9,6 +9,7 @@
 pub mod inode;
 pub mod listing;
 pub mod names;
+pub mod tree;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +20,7 @@ pub use inode::{Attr, InodeTable, ROOT_INO};
 pub use listing::{EntryKind, ListedEntry};
 
 use crate::store::{ObjectStore, StoreError};
+use crate::telemetry::metrics as m;
 
 /// Metadata cache settings (`[metadata]` in the config file).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -31,10 +33,21 @@ pub struct MetaConfig {
     /// most. 0: every lookup lists again.
     pub ttl_secs: f64,
     /// How long the kernel may cache entries and attributes without asking,
-    /// seconds (FUSE entry_timeout / attr_timeout). Defaults to `ttl_secs`.
+    /// seconds (FUSE entry_timeout / attr_timeout). Unset: `ttl_secs`.
     pub kernel_ttl_secs: Option<f64>,
-    /// Directory listings kept at most (each holds every entry of one directory).
-    pub max_cached_dirs: u64,
+    /// How long a name found missing stays missing, seconds, in lakemount's
+    /// negative cache and the kernel's (a negative dentry). Unset: `ttl_secs`.
+    pub negative_ttl_secs: Option<f64>,
+    /// Names held in the negative cache at most.
+    pub max_negative_entries: u64,
+    /// Directory entries held in cached listings at most, summed over all
+    /// directories. One entry takes ~150 bytes plus its name (measured in
+    /// docs/OPERATIONS.md), so the default of 2M is ~400 MB at most.
+    pub max_cached_entries: u64,
+    /// At mount, list the whole tree under the mount prefix in the background,
+    /// one ListObjectsV2 stream per top-level directory, 32 at once, so a walk
+    /// or a loader finds every listing cached. For data sets read whole.
+    pub prefetch_tree: bool,
 }
 
 impl Default for MetaConfig {
@@ -42,28 +55,63 @@ impl Default for MetaConfig {
         Self {
             ttl_secs: 60.0,
             kernel_ttl_secs: None,
-            max_cached_dirs: 10_000,
+            negative_ttl_secs: None,
+            max_negative_entries: 100_000,
+            max_cached_entries: 2_000_000,
+            prefetch_tree: false,
         }
     }
+}
+
+fn secs(v: f64) -> Duration {
+    Duration::from_secs_f64(v.max(0.0))
 }
 
 impl MetaConfig {
     /// Listing TTL.
     pub fn ttl(&self) -> Duration {
-        Duration::from_secs_f64(self.ttl_secs.max(0.0))
+        secs(self.ttl_secs)
     }
 
     /// Kernel entry/attribute timeout.
     pub fn kernel_ttl(&self) -> Duration {
-        Duration::from_secs_f64(self.kernel_ttl_secs.unwrap_or(self.ttl_secs).max(0.0))
+        secs(self.kernel_ttl_secs.unwrap_or(self.ttl_secs))
+    }
+
+    /// Negative-lookup TTL (lakemount's cache and the kernel's).
+    pub fn negative_ttl(&self) -> Duration {
+        secs(self.negative_ttl_secs.unwrap_or(self.ttl_secs))
     }
 }
 
-/// Listings of directories, cached by key prefix.
+/// One directory's entries and when the store was asked for them.
+#[derive(Debug)]
+pub struct DirListing {
+    /// Sorted, unique entries.
+    pub entries: Vec<ListedEntry>,
+    /// When the listing was fetched.
+    pub fetched: std::time::Instant,
+}
+
+impl DirListing {
+    fn new(entries: Vec<ListedEntry>) -> Self {
+        Self {
+            entries,
+            fetched: std::time::Instant::now(),
+        }
+    }
+}
+
+type Listing = Arc<DirListing>;
+
+/// Listings of directories, cached by key prefix, and the negative cache.
 pub struct Meta<S> {
     store: Arc<S>,
     config: MetaConfig,
-    listings: moka::future::Cache<String, Arc<Vec<ListedEntry>>>,
+    listings: moka::future::Cache<String, Listing>,
+    /// (directory prefix, name) found missing -> when the listing that showed
+    /// it missing was fetched (the entry is trusted for the negative TTL from then).
+    negative: moka::sync::Cache<(String, String), std::time::Instant>,
     /// The inode table.
     pub inodes: InodeTable,
 }
@@ -72,14 +120,22 @@ impl<S: ObjectStore> Meta<S> {
     /// A metadata layer over `store`; `root_prefix` is `""` or ends with `/`.
     pub fn new(store: Arc<S>, config: MetaConfig, root_prefix: &str) -> Self {
         let listings = moka::future::Cache::builder()
-            .max_capacity(config.max_cached_dirs.max(1))
+            .max_capacity(config.max_cached_entries.max(1))
+            .weigher(|_: &String, v: &Listing| {
+                v.entries.len().saturating_add(1).min(u32::MAX as usize) as u32
+            })
             .time_to_live(config.ttl().max(Duration::from_millis(1)))
+            .build();
+        let negative = moka::sync::Cache::builder()
+            .max_capacity(config.max_negative_entries.max(1))
+            .time_to_live(config.negative_ttl().max(Duration::from_millis(1)))
             .build();
         Self {
             store,
             inodes: InodeTable::new(root_prefix),
             config,
             listings,
+            negative,
         }
     }
 
@@ -89,27 +145,97 @@ impl<S: ObjectStore> Meta<S> {
     }
 
     /// The listing of the directory at `prefix`, from the cache when fresh.
+    /// Concurrent callers for one directory share one listing.
     /// Errors: the store's, after its retries.
-    pub async fn listing(&self, prefix: &str) -> Result<Arc<Vec<ListedEntry>>, StoreError> {
+    pub async fn listing(&self, prefix: &str) -> Result<Listing, StoreError> {
         if self.config.ttl().is_zero() {
-            return Ok(Arc::new(listing::list_dir(&*self.store, prefix).await?));
+            return Ok(Arc::new(DirListing::new(
+                timed_list(&*self.store, prefix).await?,
+            )));
         }
+        if let Some(hit) = self.listings.get(prefix).await {
+            metrics::counter!(m::META_LISTING_CACHE, "result" => "hit").increment(1);
+            return Ok(hit);
+        }
+        metrics::counter!(m::META_LISTING_CACHE, "result" => "miss").increment(1);
         let store = self.store.clone();
         let key = prefix.to_string();
         self.listings
             .try_get_with(prefix.to_string(), async move {
-                listing::list_dir(&*store, &key).await.map(Arc::new)
+                timed_list(&*store, &key)
+                    .await
+                    .map(|e| Arc::new(DirListing::new(e)))
             })
             .await
             .map_err(|e| (*e).clone())
     }
 
-    /// Finds `name` in the directory at `prefix`. `Ok(None)`: no such entry.
+    /// Finds `name` in the directory at `prefix`. `Ok(None)`: no such entry
+    /// (remembered in the negative cache for the negative TTL).
     pub async fn find(&self, prefix: &str, name: &str) -> Result<Option<ListedEntry>, StoreError> {
-        let entries = self.listing(prefix).await?;
-        Ok(entries
+        let negative_key = (prefix.to_string(), name.to_string());
+        let use_negative = !self.config.negative_ttl().is_zero();
+        let negative_ttl = self.config.negative_ttl();
+        if use_negative
+            && let Some(seen) = self.negative.get(&negative_key)
+            && seen.elapsed() < negative_ttl
+        {
+            metrics::counter!(m::META_NEGATIVE_CACHE, "result" => "hit").increment(1);
+            return Ok(None);
+        }
+        let listing = self.listing(prefix).await?;
+        let entries = &listing.entries;
+        let found = entries
             .binary_search_by(|e| e.name.as_bytes().cmp(name.as_bytes()))
             .ok()
-            .map(|i| entries[i].clone()))
+            .map(|i| entries[i].clone());
+        if found.is_none() && use_negative {
+            metrics::counter!(m::META_NEGATIVE_CACHE, "result" => "miss").increment(1);
+            self.negative.insert(negative_key, listing.fetched);
+        }
+        Ok(found)
     }
+
+    /// Lists the whole tree under `prefix` (see [`tree`]) and caches the listing
+    /// of every directory in it. Returns the number of objects seen.
+    pub async fn prefetch_tree(&self, prefix: &str) -> Result<usize, StoreError> {
+        use futures::StreamExt;
+        let top = timed_list(&*self.store, prefix).await?;
+        let mut objects = 0;
+        let subdirs: Vec<String> = top
+            .iter()
+            .filter(|e| e.kind == EntryKind::Dir)
+            .map(|e| format!("{prefix}{}/", e.name))
+            .collect();
+        objects += top.iter().filter(|e| e.kind == EntryKind::File).count();
+        self.listings
+            .insert(prefix.to_string(), Arc::new(DirListing::new(top)))
+            .await;
+        let mut streams = futures::stream::iter(subdirs.into_iter().map(|dir| {
+            let store = self.store.clone();
+            async move { tree::list_all(&*store, &dir).await.map(|keys| (dir, keys)) }
+        }))
+        .buffer_unordered(tree::TREE_LIST_CONCURRENCY);
+        while let Some(result) = streams.next().await {
+            let (dir, keys) = result?;
+            objects += keys.len();
+            for (p, entries) in tree::build_listings(&dir, &keys) {
+                self.listings
+                    .insert(p, Arc::new(DirListing::new(entries)))
+                    .await;
+            }
+        }
+        Ok(objects)
+    }
+}
+
+/// [`listing::list_dir`] with its latency recorded.
+async fn timed_list<S: ObjectStore>(
+    store: &S,
+    prefix: &str,
+) -> Result<Vec<ListedEntry>, StoreError> {
+    let start = std::time::Instant::now();
+    let result = listing::list_dir(store, prefix).await;
+    metrics::histogram!(m::META_LISTING_SECONDS).record(start.elapsed().as_secs_f64());
+    result
 }

@@ -35,6 +35,14 @@ pub const PREFETCH_MEMORY_BYTES: &str = "lakemount_prefetch_memory_bytes";
 /// Histogram: time one FUSE read waited for S3 data, seconds (0 when prefetched).
 pub const READ_WAIT_SECONDS: &str = "lakemount_read_wait_seconds";
 
+/// Counter: directory-listing cache lookups, label `result` (hit, miss).
+pub const META_LISTING_CACHE: &str = "lakemount_meta_listing_cache_total";
+/// Counter: negative-cache lookups, label `result` (hit: answered "missing"
+/// without a listing; miss: a name found missing and remembered).
+pub const META_NEGATIVE_CACHE: &str = "lakemount_meta_negative_cache_total";
+/// Histogram: time to list one whole directory (all pages), seconds.
+pub const META_LISTING_SECONDS: &str = "lakemount_meta_listing_seconds";
+
 /// `op` label of ListObjectsV2.
 pub const OP_LIST: &str = "LIST";
 /// `op` label of HeadObject.
