@@ -28,7 +28,8 @@ use crate::telemetry::metrics as m;
 pub struct MetaConfig {
     /// How long a directory listing (and so every attribute and every "no such
     /// name" answer from it) is trusted, seconds. A data lake is read-mostly:
-    /// 60 s means an object added or replaced in S3 shows within a minute, while
+    /// 60 s means an object added or replaced in S3 shows within two minutes
+    /// (this TTL plus the kernel's entry TTL stacked on it), while
     /// an epoch over a million files costs one LIST per 1000 files per minute at
     /// most. 0: every lookup lists again.
     pub ttl_secs: f64,
@@ -41,8 +42,9 @@ pub struct MetaConfig {
     /// Names held in the negative cache at most.
     pub max_negative_entries: u64,
     /// Directory entries held in cached listings at most, summed over all
-    /// directories. One entry takes ~150 bytes plus its name (measured in
-    /// docs/OPERATIONS.md), so the default of 2M is ~400 MB at most.
+    /// directories. One entry took 338 bytes of RSS with 24-byte names
+    /// (`cargo run --release --example meta_memory`, docs/OPERATIONS.md), so
+    /// the default of 1M is ~340 MB at most.
     pub max_cached_entries: u64,
     /// At mount, list the whole tree under the mount prefix in the background,
     /// one ListObjectsV2 stream per top-level directory, 32 at once, so a walk
@@ -57,7 +59,7 @@ impl Default for MetaConfig {
             kernel_ttl_secs: None,
             negative_ttl_secs: None,
             max_negative_entries: 100_000,
-            max_cached_entries: 2_000_000,
+            max_cached_entries: 1_000_000,
             prefetch_tree: false,
         }
     }

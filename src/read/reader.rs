@@ -150,6 +150,17 @@ impl<S: ObjectStore> Reader<S> {
     /// the parts covering `[offset, end)`.
     fn plan(&self, offset: u64, end: u64) -> Vec<(u64, PartFuture)> {
         let mut st = self.state.lock().unwrap();
+        // A part whose GET failed is not kept: otherwise every later read of its
+        // range on this handle got the same error without asking S3 again, so a
+        // fault that outlasted the retries poisoned the open file for good.
+        // Dropping all parts (contiguity holds) makes the next read a new GET.
+        if st
+            .parts
+            .iter()
+            .any(|p| matches!(p.data.peek(), Some(Err(_))))
+        {
+            st.parts.clear();
+        }
         let initial = self.config.initial_window.max(1);
         let part_size = self.config.part_size.max(1);
         let tolerance = st.window.max(initial);
@@ -381,6 +392,59 @@ mod tests {
         assert!(peak <= bound, "peak {peak} > bound {bound}");
         drop(readers);
         assert_eq!(budget.in_use(), 0, "reservations leaked");
+    }
+
+    /// A store whose next `fail` GETs fail with a transient error.
+    #[derive(Default)]
+    struct Flaky {
+        inner: MemStore,
+        fail: std::sync::atomic::AtomicU32,
+    }
+
+    impl ObjectStore for Flaky {
+        async fn list_page(
+            &self,
+            prefix: &str,
+            delimiter: Option<&str>,
+            continuation: Option<String>,
+            max_keys: i32,
+        ) -> Result<crate::store::ListPage, StoreError> {
+            self.inner
+                .list_page(prefix, delimiter, continuation, max_keys)
+                .await
+        }
+
+        async fn head(&self, key: &str) -> Result<crate::store::ObjectMeta, StoreError> {
+            self.inner.head(key).await
+        }
+
+        async fn get_range(
+            &self,
+            key: &str,
+            range: std::ops::Range<u64>,
+            etag: &str,
+        ) -> Result<Bytes, StoreError> {
+            let left = self.fail.load(Ordering::Relaxed);
+            if left > 0 {
+                self.fail.store(left - 1, Ordering::Relaxed);
+                return Err(StoreError::Transient("injected".into()));
+            }
+            self.inner.get_range(key, range, etag).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_get_is_not_remembered() {
+        let store = Arc::new(Flaky::default());
+        let d = data(10_000);
+        let etag = store.inner.put("k", d.clone());
+        let r = Reader::new(store.clone(), "k", &etag, 10_000, cfg(), budget());
+        store.fail.store(100, Ordering::Relaxed);
+        assert!(r.read(0, 50).await.is_err());
+        store.fail.store(0, Ordering::Relaxed);
+        // The same range and the next one, on the same reader, are fetched anew.
+        assert_eq!(&r.read(0, 50).await.unwrap()[..], &d[..50]);
+        assert_eq!(&r.read(50, 50).await.unwrap()[..], &d[50..100]);
     }
 
     proptest::proptest! {

@@ -14,8 +14,11 @@ pub fn init_logging(level: &str) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("telemetry.log_level: bad value {level:?}: {e}"))?,
     };
     // A second init (tests, daemon child) is harmless: keep the first.
+    // Colour codes only on a terminal, never into a --log-file or journald.
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .try_init();
     Ok(())

@@ -83,38 +83,105 @@ pub fn is_mounted(path: &Path) -> bool {
     info.lines().any(|l| l.split(' ').nth(4) == Some(want))
 }
 
-/// A running `lakemount mount` process and its mount point.
-pub struct Mount {
-    pub bucket: String,
-    pub dir: TempDir,
-    pub child: Option<Child>,
-    log: PathBuf,
+/// A fresh, empty bucket on `server` (e.g. a private server of one test).
+pub fn bucket_on(server: &TestServer, tag: &str) -> String {
+    let name = format!("t-{tag}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    server.create_bucket(&name);
+    name
 }
 
-impl Mount {
-    /// Mounts `s3://bucket` (plus `extra` arguments) and waits until usable.
-    pub fn new(bucket: &str, extra: &[&str]) -> Self {
-        Self::with_source(bucket, &format!("s3://{bucket}"), extra)
+/// A server of its own, for a test whose hooks are global to a server
+/// (`fail_next`, `request_count`) and must not touch tests running in parallel.
+/// Drop the [`Mount`] before the server (declare the server first).
+pub fn private_server() -> TestServer {
+    TestServer::start_background().expect("start private test S3 server")
+}
+
+/// How to mount: which server, source, config file text, extra arguments and
+/// environment. `Mount::new` / `Mount::with_source` cover the common case.
+pub struct MountSpec<'a> {
+    server: &'a TestServer,
+    bucket: String,
+    source: String,
+    config: Option<String>,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl<'a> MountSpec<'a> {
+    /// `s3://bucket` on the shared server, no config file, no extra arguments.
+    pub fn new(bucket: &str) -> MountSpec<'static> {
+        MountSpec {
+            server: server(),
+            bucket: bucket.to_string(),
+            source: format!("s3://{bucket}"),
+            config: None,
+            args: Vec::new(),
+            env: Vec::new(),
+        }
     }
 
-    /// Mounts `source` (e.g. `s3://bucket/prefix`) and waits until usable.
+    /// Mounts from `server` instead of the shared one.
+    pub fn server<'b>(self, server: &'b TestServer) -> MountSpec<'b> {
+        MountSpec {
+            server,
+            bucket: self.bucket,
+            source: self.source,
+            config: self.config,
+            args: self.args,
+            env: self.env,
+        }
+    }
+
+    /// Mounts `source` (e.g. `s3://bucket/prefix`).
+    pub fn source(mut self, source: &str) -> Self {
+        self.source = source.to_string();
+        self
+    }
+
+    /// Passes `--config FILE` with this TOML text.
+    pub fn config(mut self, toml: &str) -> Self {
+        self.config = Some(toml.to_string());
+        self
+    }
+
+    /// Extra command-line arguments.
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+
+    /// An environment variable of the daemon.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// Starts `lakemount mount` and waits until the mount is usable.
     /// Panics with the daemon's log when it does not come up in 20 s.
-    pub fn with_source(bucket: &str, source: &str, extra: &[&str]) -> Self {
+    pub fn mount(self) -> Mount {
         let dir = TempDir::new("mnt");
         let mnt = dir.0.join("m");
         std::fs::create_dir(&mnt).unwrap();
         let log = dir.0.join("lakemount.log");
-        let child = lakemount_cmd(&server().endpoint())
-            .arg("mount")
-            .arg(source)
-            .arg(&mnt)
-            .args(extra)
+        let mut cmd = lakemount_cmd(&self.server.endpoint());
+        cmd.arg("mount").arg(&self.source).arg(&mnt);
+        if let Some(text) = &self.config {
+            let file = dir.0.join("lakemount.toml");
+            std::fs::write(&file, text).unwrap();
+            cmd.arg("--config").arg(file);
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("spawn lakemount");
-        let mut m = Self {
-            bucket: bucket.to_string(),
+        let mut m = Mount {
+            bucket: self.bucket,
             dir,
             child: Some(child),
             log,
@@ -131,6 +198,27 @@ impl Mount {
             std::thread::sleep(Duration::from_millis(20));
         }
         m
+    }
+}
+
+/// A running `lakemount mount` process and its mount point.
+pub struct Mount {
+    pub bucket: String,
+    pub dir: TempDir,
+    pub child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Mount {
+    /// Mounts `s3://bucket` (plus `extra` arguments) and waits until usable.
+    pub fn new(bucket: &str, extra: &[&str]) -> Self {
+        MountSpec::new(bucket).args(extra).mount()
+    }
+
+    /// Mounts `source` (e.g. `s3://bucket/prefix`) and waits until usable.
+    /// Panics with the daemon's log when it does not come up in 20 s.
+    pub fn with_source(bucket: &str, source: &str, extra: &[&str]) -> Self {
+        MountSpec::new(bucket).source(source).args(extra).mount()
     }
 
     /// The mount point.
@@ -165,6 +253,12 @@ impl Mount {
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+                let status = child.wait().unwrap();
+                if std::thread::panicking() {
+                    // Already failing (perhaps with a file still open on the
+                    // mount): a second panic would abort every test of the binary.
+                    return (status, self.log());
+                }
                 panic!("lakemount did not exit on SIGTERM:\n{}", self.log());
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -199,12 +293,29 @@ pub fn data(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// Sorted names in a directory (via readdir).
-pub fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
+/// Most entries a test directory holds; a readdir that yields more is looping.
+pub const MAX_TEST_DIR_ENTRIES: usize = 100_000;
+
+/// Names in a directory in readdir order (without `.` and `..`). Panics when
+/// the stream yields more than [`MAX_TEST_DIR_ENTRIES`], so a readdir that
+/// never ends fails the test instead of hanging it.
+pub fn readdir_names(dir: &Path) -> Vec<String> {
+    let v: Vec<String> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()))
+        .take(MAX_TEST_DIR_ENTRIES + 1)
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
+    assert!(
+        v.len() <= MAX_TEST_DIR_ENTRIES,
+        "readdir of {} does not end",
+        dir.display()
+    );
+    v
+}
+
+/// Sorted names in a directory (via readdir).
+pub fn names(dir: &Path) -> Vec<String> {
+    let mut v = readdir_names(dir);
     v.sort();
     v
 }
@@ -212,4 +323,45 @@ pub fn names(dir: &Path) -> Vec<String> {
 /// The errno of an io::Error.
 pub fn errno(e: &std::io::Error) -> i32 {
     e.raw_os_error().unwrap_or(-1)
+}
+
+/// The errno of a failed operation; panics (with `what`) when it succeeded.
+pub fn err_of<T: std::fmt::Debug>(r: std::io::Result<T>, what: &str) -> i32 {
+    match r {
+        Ok(v) => panic!("{what}: expected an error, got Ok({v:?})"),
+        Err(e) => errno(&e),
+    }
+}
+
+/// Name of an errno value, for readable assertion messages.
+pub fn errno_name(e: i32) -> String {
+    std::io::Error::from_raw_os_error(e).to_string()
+}
+
+/// Asserts `r` failed with errno `want`.
+#[track_caller]
+pub fn assert_errno<T: std::fmt::Debug>(r: std::io::Result<T>, want: i32, what: &str) {
+    let got = err_of(r, what);
+    assert_eq!(
+        got,
+        want,
+        "{what}: got {} ({got}), want {} ({want})",
+        errno_name(got),
+        errno_name(want)
+    );
+}
+
+/// Polls `f` every 50 ms until it returns true or `limit` passes; returns the
+/// time it took, or `None` on timeout.
+pub fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    loop {
+        if f() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

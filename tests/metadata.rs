@@ -1,0 +1,204 @@
+//! Metadata at scale through a real mount: lookups answered from batched
+//! ListObjectsV2 listings (no HeadObject), single-flight listings shared by
+//! concurrent readers, the negative cache and its expiry, tree prefetch.
+//! Each test has a private server so its request counts are its own.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn lists(s: &TestServer) -> u64 {
+    s.request_count("ListObjectsV2")
+}
+
+fn heads(s: &TestServer) -> u64 {
+    s.request_count("HeadObject")
+}
+
+#[test]
+fn ls_l_and_opening_every_file_cost_one_list_per_1000_and_no_head() {
+    let s = private_server();
+    let b = bucket_on(&s, "batched");
+    for i in 0..2500 {
+        s.put(&b, &format!("d/f{i:05}.jpg"), vec![b'x'; 10 + i % 7]);
+    }
+    let m = MountSpec::new(&b).server(&s).mount();
+    s.reset_counts();
+    let out = Command::new("ls").arg("-l").arg(m.p("d")).output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        2501,
+        "total line + 2500"
+    );
+    // Root listing (lookup of "d") + ceil(2500/1000) pages of "d/".
+    assert_eq!(lists(&s), 1 + 3, "LIST requests for ls -l");
+    assert_eq!(heads(&s), 0);
+    for i in 0..2500 {
+        let len = std::fs::read(m.p(&format!("d/f{i:05}.jpg"))).unwrap().len();
+        assert_eq!(len, 10 + i % 7);
+    }
+    assert_eq!(lists(&s), 4, "opening every file listed again");
+    assert_eq!(heads(&s), 0, "a HeadObject per file");
+}
+
+#[test]
+fn find_walk_costs_at_most_1_1_x_pages_plus_directories() {
+    let s = private_server();
+    let b = bucket_on(&s, "walk");
+    let (dirs, per_dir) = (12, 400);
+    for d in 0..dirs {
+        for f in 0..per_dir {
+            s.put(&b, &format!("train/{d:03}/{f:05}.jpg"), "j");
+        }
+    }
+    let m = MountSpec::new(&b).server(&s).mount();
+    s.reset_counts();
+    let out = Command::new("find")
+        .arg(m.path())
+        .args(["-type", "f"])
+        .output()
+        .unwrap();
+    let files = String::from_utf8_lossy(&out.stdout).lines().count();
+    assert_eq!(files, dirs * per_dir);
+    // Directories: root, train, and 12 leaves; each leaf is one page.
+    let bound = (1.1 * ((dirs * per_dir) as f64 / 1000.0 + (dirs + 2) as f64)).ceil() as u64;
+    assert!(
+        lists(&s) <= bound,
+        "find made {} LISTs, bound {bound}",
+        lists(&s)
+    );
+    assert_eq!(heads(&s), 0);
+}
+
+#[test]
+fn missing_name_looked_up_10000_times_costs_one_list_then_expires() {
+    let s = private_server();
+    let b = bucket_on(&s, "negative");
+    s.put(&b, "dir/present", "p");
+    let m = MountSpec::new(&b)
+        .server(&s)
+        .args(&["--metadata-ttl", "3"])
+        .mount();
+    assert!(m.p("dir/present").exists());
+    s.reset_counts();
+    let t0 = Instant::now();
+    for _ in 0..10_000 {
+        assert!(std::fs::metadata(m.p("dir/missing")).is_err());
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "test too slow to be within the TTL"
+    );
+    assert!(
+        lists(&s) <= 1,
+        "10,000 lookups of a missing name made {} LISTs",
+        lists(&s)
+    );
+    // Created in S3: still missing within the TTL, visible after it.
+    s.put(&b, "dir/missing", "now here");
+    if t0.elapsed() < Duration::from_secs(2) {
+        assert!(
+            !m.p("dir/missing").exists(),
+            "visible before the negative TTL ran out"
+        );
+    }
+    wait_for(Duration::from_secs(10), || m.p("dir/missing").exists())
+        .expect("new object never became visible after the TTL");
+    assert_eq!(
+        std::fs::read_to_string(m.p("dir/missing")).unwrap(),
+        "now here"
+    );
+}
+
+#[test]
+fn ttl_zero_shows_creates_and_deletes_at_once() {
+    let b = bucket("ttl0");
+    let srv = server();
+    srv.put(&b, "a", "1");
+    let m = MountSpec::new(&b).args(&["--metadata-ttl", "0"]).mount();
+    assert!(!m.p("b").exists());
+    srv.put(&b, "b", "2");
+    assert_eq!(std::fs::read_to_string(m.p("b")).unwrap(), "2");
+    srv.delete(&b, "a");
+    assert!(
+        !m.p("a").exists(),
+        "deleted object still visible with TTL 0"
+    );
+    assert_eq!(names(&m.path()), ["b"]);
+}
+
+#[test]
+fn sixteen_processes_list_a_5000_entry_directory_identically() {
+    let s = private_server();
+    let b = bucket_on(&s, "concurrent");
+    let expected: BTreeSet<String> = (0..5000).map(|i| format!("img-{i:05}.jpg")).collect();
+    for n in &expected {
+        s.put(&b, &format!("big/{n}"), "x");
+    }
+    let m = MountSpec::new(&b).server(&s).mount();
+    s.reset_counts();
+    let children: Vec<_> = (0..16)
+        .map(|_| {
+            Command::new("ls")
+                .arg("-1")
+                .arg("-f")
+                .arg(m.p("big"))
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        let got: Vec<&str> = text.lines().filter(|l| *l != "." && *l != "..").collect();
+        let set: BTreeSet<String> = got.iter().map(|s| s.to_string()).collect();
+        assert_eq!(got.len(), set.len(), "duplicates in a listing");
+        assert_eq!(set, expected, "incomplete listing");
+    }
+    // One shared listing: root (lookup of "big") + 5 pages.
+    assert!(
+        lists(&s) <= 6,
+        "16 concurrent listings made {} LISTs",
+        lists(&s)
+    );
+}
+
+#[test]
+fn prefetch_tree_lists_everything_once_at_mount() {
+    let s = private_server();
+    let b = bucket_on(&s, "tree");
+    for d in 0..20 {
+        for f in 0..50 {
+            s.put(&b, &format!("set/{d:02}/sub/{f:03}.bin"), "y");
+        }
+    }
+    s.put(&b, "top.txt", "t");
+    s.reset_counts();
+    let m = MountSpec::new(&b)
+        .server(&s)
+        .config("[metadata]\nprefetch_tree = true\n")
+        .mount();
+    // Probe (1) + root listing (1) + one stream for "set/" (1 page: 1000 keys).
+    wait_for(Duration::from_secs(10), || m.log().contains("tree listed"))
+        .expect("tree prefetch did not finish");
+    let after_prefetch = lists(&s);
+    assert!(after_prefetch <= 4, "prefetch made {after_prefetch} LISTs");
+    let out = Command::new("find")
+        .arg(m.path())
+        .args(["-type", "f"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1001);
+    assert_eq!(
+        lists(&s),
+        after_prefetch,
+        "the walk listed again after the prefetch"
+    );
+}

@@ -1,0 +1,508 @@
+//! Read semantics through the real `lakemount` binary and a real FUSE mount:
+//! exact bytes at block boundaries, EOF, ETag pinning, read-only, concurrency,
+//! server faults. Each test proves one rule of docs/SEMANTICS.md.
+//!
+//! Tests that inject failures or count requests use a private server: those
+//! hooks are global to a server and tests of this file run in parallel. Delays
+//! are per key prefix, so each test that sets one uses a prefix of its own.
+
+mod common;
+
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Small read parts (64 KiB) so boundary objects stay small.
+const SMALL_PARTS: &str =
+    "[read]\npart_size = 65536\ninitial_window = 65536\nmax_window = 262144\n";
+
+/// Removes a GET delay rule when dropped (also when the test panics).
+struct DelayGuard<'a> {
+    server: &'a TestServer,
+    prefix: &'static str,
+}
+
+impl<'a> DelayGuard<'a> {
+    fn set(server: &'a TestServer, prefix: &'static str, delay: Duration) -> Self {
+        server.set_delay("GetObject", prefix, delay);
+        Self { server, prefix }
+    }
+}
+
+impl Drop for DelayGuard<'_> {
+    fn drop(&mut self) {
+        self.server
+            .set_delay("GetObject", self.prefix, Duration::ZERO);
+    }
+}
+
+/// Reads `f` sequentially in `chunk`-byte reads until EOF or the first error.
+fn read_chunks(f: &mut File, chunk: usize) -> (Vec<u8>, Option<std::io::Error>) {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; chunk];
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => return (got, None),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => return (got, Some(e)),
+        }
+    }
+}
+
+/// Sizes around each "block size": 4 KiB pages, the 64 KiB read part of
+/// [`SMALL_PARTS`], 128 KiB kernel read requests.
+fn boundary_sizes() -> Vec<usize> {
+    let mut v = vec![0, 1];
+    for bs in [4096usize, 65536, 131072] {
+        v.extend([bs - 1, bs, bs + 1]);
+    }
+    v
+}
+
+#[test]
+fn boundary_sized_objects_read_back_exactly() {
+    let b = bucket("boundary");
+    let s = server();
+    for size in boundary_sizes() {
+        s.put(&b, &format!("whole/f{size}"), data(size, size as u64));
+        s.put(&b, &format!("chunked/f{size}"), data(size, size as u64));
+        s.put(&b, &format!("pread/f{size}"), data(size, size as u64));
+    }
+    let m = MountSpec::new(&b).config(SMALL_PARTS).mount();
+    for size in boundary_sizes() {
+        let want = data(size, size as u64);
+        let whole = std::fs::read(m.p(&format!("whole/f{size}"))).unwrap();
+        assert!(
+            whole == want,
+            "whole read of f{size}: {} bytes",
+            whole.len()
+        );
+        // Odd-sized reads that straddle every boundary.
+        let mut f = File::open(m.p(&format!("chunked/f{size}"))).unwrap();
+        let (got, err) = read_chunks(&mut f, 1000);
+        assert!(err.is_none(), "f{size}: {err:?}");
+        assert!(got == want, "chunked read of f{size}: {} bytes", got.len());
+        // Reads that start just before a part boundary and end after it.
+        let f = File::open(m.p(&format!("pread/f{size}"))).unwrap();
+        for at in [65530usize, 131066, 4090, 0] {
+            if at >= size {
+                continue;
+            }
+            let mut buf = [0u8; 12];
+            let n = f.read_at(&mut buf, at as u64).unwrap();
+            let end = (at + 12).min(size);
+            assert_eq!(&buf[..n], &want[at..end], "f{size} pread at {at}");
+        }
+    }
+}
+
+#[test]
+fn default_part_size_boundaries_read_back_exactly() {
+    let b = bucket("part8m");
+    let s = server();
+    let part = 8 << 20;
+    let sizes = [part - 1, part, part + 1];
+    for size in sizes {
+        s.put(&b, &format!("f{size}"), data(size, size as u64));
+    }
+    let m = Mount::new(&b, &[]);
+    for size in sizes {
+        let got = std::fs::read(m.p(&format!("f{size}"))).unwrap();
+        assert!(
+            got == data(size, size as u64),
+            "f{size}: {} bytes",
+            got.len()
+        );
+    }
+}
+
+#[test]
+fn reads_at_or_past_eof_return_zero_bytes() {
+    let b = bucket("eof");
+    let s = server();
+    let sizes = [0usize, 1, 4096, 70_000];
+    for size in sizes {
+        s.put(&b, &format!("f{size}"), data(size, 7));
+    }
+    let m = MountSpec::new(&b).config(SMALL_PARTS).mount();
+    for size in sizes {
+        let want = data(size, 7);
+        let f = File::open(m.p(&format!("f{size}"))).unwrap();
+        let mut buf = vec![0u8; 8192];
+        for at in [size, size + 1, size + 4096, size + (1 << 30)] {
+            assert_eq!(
+                f.read_at(&mut buf, at as u64).unwrap(),
+                0,
+                "f{size} at {at}"
+            );
+        }
+        if size > 0 {
+            // The last byte: one byte, then nothing.
+            assert_eq!(f.read_at(&mut buf, size as u64 - 1).unwrap(), 1);
+            assert_eq!(buf[0], want[size - 1]);
+        }
+        // read(2) to the end, then again: 0 bytes each time.
+        let mut f = File::open(m.p(&format!("f{size}"))).unwrap();
+        let mut all = Vec::new();
+        f.read_to_end(&mut all).unwrap();
+        assert!(all == want, "f{size}");
+        assert_eq!(f.read(&mut buf).unwrap(), 0);
+        assert_eq!(f.read(&mut buf).unwrap(), 0);
+    }
+}
+
+#[test]
+fn overwrite_during_read_gives_old_bytes_or_error_never_a_mix() {
+    let b = bucket("pin");
+    let s = server();
+    let old = data(4 << 20, 1);
+    let new = data((4 << 20) + 5, 2);
+    s.put(&b, "pin/obj", old.clone());
+    let m = MountSpec::new(&b)
+        .config("[read]\npart_size = 65536\ninitial_window = 65536\nmax_window = 65536\n")
+        .args(&["--metadata-ttl", "0"])
+        .mount();
+
+    let mut f = File::open(m.p("pin/obj")).unwrap();
+    let mut first = vec![0u8; 65536];
+    f.read_exact(&mut first).unwrap();
+    assert!(first[..] == old[..65536]);
+    s.put(&b, "pin/obj", new.clone());
+    let (rest, err) = read_chunks(&mut f, 65536);
+    let mut got = first;
+    got.extend_from_slice(&rest);
+    // Whatever was read is the old version's bytes, in place.
+    assert!(
+        got.len() <= old.len() && got[..] == old[..got.len()],
+        "read {} bytes that are not a prefix of the old version",
+        got.len()
+    );
+    match err {
+        // 4 MiB at 64 KiB per GET is far more than the kernel's read-ahead
+        // (1 MiB at most) fetched before the overwrite: the rest needs GETs
+        // pinned to the old ETag, which the server refuses.
+        None => panic!("read all {} old bytes: expected an error", got.len()),
+        Some(e) => {
+            let code = errno(&e);
+            assert!(
+                code == libc::ESTALE || code == libc::EIO,
+                "error {e} ({code}), want ESTALE or EIO"
+            );
+        }
+    }
+    drop(f);
+    // A reopen sees the new version, size and bytes.
+    assert_eq!(
+        std::fs::metadata(m.p("pin/obj")).unwrap().len(),
+        new.len() as u64
+    );
+    let again = std::fs::read(m.p("pin/obj")).unwrap();
+    assert!(again == new, "reopen read {} bytes", again.len());
+}
+
+#[test]
+fn overwrite_while_get_in_flight_is_an_error_not_new_bytes() {
+    let b = bucket("pin-inflight");
+    let s = server();
+    let old = data(100_000, 3);
+    let new = data(100_000, 4);
+    s.put(&b, "inflight-pin/obj", old.clone());
+    let m = Mount::new(&b, &["--metadata-ttl", "0"]);
+    let mut f = File::open(m.p("inflight-pin/obj")).unwrap();
+    let _delay = DelayGuard::set(s, "inflight-pin/", Duration::from_millis(600));
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf).map(|_| buf)
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    // Overwritten while the first GET (If-Match: old ETag) waits at the server.
+    s.put(&b, "inflight-pin/obj", new.clone());
+    match reader.join().unwrap() {
+        Ok(bytes) => panic!(
+            "read {} bytes (old: {}, new: {})",
+            bytes.len(),
+            bytes == old,
+            bytes == new
+        ),
+        Err(e) => {
+            let code = errno(&e);
+            assert!(
+                code == libc::ESTALE || code == libc::EIO,
+                "error {e} ({code}), want ESTALE or EIO"
+            );
+        }
+    }
+    drop(_delay);
+    assert!(std::fs::read(m.p("inflight-pin/obj")).unwrap() == new);
+}
+
+#[test]
+fn writes_creates_mkdir_unlink_give_erofs() {
+    let b = bucket("readonly");
+    let s = server();
+    s.put(&b, "d/f", "content");
+    let m = Mount::new(&b, &[]);
+    let f = m.p("d/f");
+    let new = m.p("d/new");
+    let erofs = |r: std::io::Result<()>, what: &str| assert_errno(r, libc::EROFS, what);
+    erofs(
+        OpenOptions::new().write(true).open(&f).map(drop),
+        "open O_WRONLY",
+    );
+    erofs(
+        OpenOptions::new().read(true).write(true).open(&f).map(drop),
+        "open O_RDWR",
+    );
+    erofs(
+        OpenOptions::new().append(true).open(&f).map(drop),
+        "open O_APPEND",
+    );
+    erofs(File::create(&f).map(drop), "create (truncate) existing");
+    erofs(File::create(&new).map(drop), "create new");
+    erofs(std::fs::write(&new, "x"), "write new");
+    erofs(std::fs::create_dir(m.p("d/newdir")), "mkdir");
+    erofs(std::fs::remove_file(&f), "unlink");
+    erofs(std::fs::remove_dir(m.p("d")), "rmdir");
+    erofs(std::fs::rename(&f, m.p("d/g")), "rename");
+    erofs(std::fs::hard_link(&f, m.p("d/h")), "link");
+    erofs(std::os::unix::fs::symlink("f", m.p("d/s")), "symlink");
+    use std::os::unix::fs::PermissionsExt;
+    erofs(
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)),
+        "chmod",
+    );
+    for cmd in [
+        vec!["touch", "d/new"],
+        vec!["mkdir", "d/x"],
+        vec!["rm", "-f", "d/f"],
+    ] {
+        let out = std::process::Command::new(cmd[0])
+            .args(&cmd[1..])
+            .current_dir(m.path())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{cmd:?} succeeded");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("Read-only file system"),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Nothing changed: the file reads as before, no entry appeared.
+    assert_eq!(std::fs::read(&f).unwrap(), b"content");
+    assert_eq!(names(&m.p("d")), ["f"]);
+    assert_eq!(s.get(&b, "d/f").unwrap(), "content");
+    assert!(s.get(&b, "d/new").is_none());
+}
+
+#[test]
+fn slow_get_never_blocks_other_files() {
+    let b = bucket("slowget");
+    let s = server();
+    let big = data(1 << 20, 5);
+    s.put(&b, "conc/slow-one", big.clone());
+    for i in 0..8 {
+        s.put(&b, &format!("conc/fast-{i}"), data(10_000, i));
+        s.put(&b, &format!("other/x{i}"), data(10_000, 100 + i));
+    }
+    let m = Mount::new(&b, &[]);
+    let _delay = DelayGuard::set(s, "conc/slow-", Duration::from_secs(3));
+    let path = m.p("conc/slow-one");
+    let slow = std::thread::spawn(move || {
+        let t = Instant::now();
+        let got = std::fs::read(path).unwrap();
+        (got, t.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+
+    // While that GET waits, other files of the same directory and of another
+    // directory (which needs a LIST of its own) are looked up and read.
+    let start = Instant::now();
+    for i in 0..8 {
+        let p = m.p(&format!("conc/fast-{i}"));
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 10_000);
+        assert!(std::fs::read(&p).unwrap() == data(10_000, i));
+    }
+    assert_eq!(names(&m.p("other")).len(), 8);
+    for i in 0..8 {
+        let p = m.p(&format!("other/x{i}"));
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 10_000);
+        assert!(std::fs::read(&p).unwrap() == data(10_000, 100 + i));
+    }
+    assert_eq!(names(&m.p("conc")).len(), 9);
+    let others = start.elapsed();
+    eprintln!("other files while one GET was slow: {others:?}");
+
+    let (got, slow_took) = slow.join().unwrap();
+    assert!(got == big, "slow file bytes");
+    assert!(
+        slow_took >= Duration::from_secs(3),
+        "the slow GET was not delayed ({slow_took:?})"
+    );
+    assert!(
+        others < Duration::from_millis(1500),
+        "other files took {others:?} while one GET was slow"
+    );
+}
+
+#[test]
+fn sixteen_readers_make_progress_concurrently() {
+    let b = bucket("par16");
+    let s = server();
+    let size = 64 << 10;
+    for i in 0..16u64 {
+        s.put(&b, &format!("par16/f{i:02}"), data(size, 1000 + i));
+    }
+    let m = Mount::new(&b, &[]);
+    // Lookups first (one LIST), so only the GETs are timed.
+    for i in 0..16 {
+        assert_eq!(
+            std::fs::metadata(m.p(&format!("par16/f{i:02}")))
+                .unwrap()
+                .len(),
+            size as u64
+        );
+    }
+    let delay = Duration::from_millis(300);
+    let _delay = DelayGuard::set(s, "par16/", delay);
+    let barrier = Arc::new(Barrier::new(16));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..16u64)
+        .map(|i| {
+            let p = m.p(&format!("par16/f{i:02}"));
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                let got = std::fs::read(&p).unwrap();
+                assert!(got == data(size, 1000 + i), "f{i:02}");
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let took = start.elapsed();
+    eprintln!("16 readers with 300 ms GETs: {took:?}");
+    assert!(took >= delay, "GETs were not delayed ({took:?})");
+    // One after another would take 16 x 300 ms = 4.8 s.
+    assert!(
+        took < Duration::from_millis(1600),
+        "16 readers took {took:?}: not concurrent"
+    );
+}
+
+#[test]
+fn throttling_and_5xx_are_retried_then_read_succeeds() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "retry");
+    srv.put(&b, "r/throttled", data(100_000, 11));
+    srv.put(&b, "r/internal", data(100_000, 12));
+    let m = MountSpec::new(&b).server(&srv).mount();
+    assert_eq!(names(&m.p("r")), ["internal", "throttled"]);
+    for (name, status, seed) in [("throttled", 503, 11), ("internal", 500, 12)] {
+        srv.reset_counts();
+        srv.fail_next("GetObject", status, 2);
+        let got = std::fs::read(m.p(&format!("r/{name}"))).unwrap();
+        assert!(got == data(100_000, seed), "{name} bytes");
+        assert!(
+            srv.request_count("GetObject") >= 3,
+            "{status}: {} GETs, want 2 failed + 1 good",
+            srv.request_count("GetObject")
+        );
+    }
+}
+
+#[test]
+fn get_failing_past_retries_is_eio_not_enoent() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "geteio");
+    srv.put(&b, "e/f", data(100_000, 21));
+    srv.put(&b, "e/g", data(100_000, 22));
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .config("[s3]\nmax_attempts = 2\n")
+        .mount();
+    assert_eq!(names(&m.p("e")), ["f", "g"]);
+
+    srv.fail_next("GetObject", 503, 100);
+    assert_errno(std::fs::read(m.p("e/f")), libc::EIO, "read under 503");
+    srv.fail_next("GetObject", 500, 100);
+    assert_errno(std::fs::read(m.p("e/g")), libc::EIO, "read under 500");
+    srv.fail_next("GetObject", 0, 0);
+    // The failure is not remembered: the same open file reads once S3 recovers.
+    let f = File::open(m.p("e/f")).unwrap();
+    let mut buf = vec![0u8; 1000];
+    srv.fail_next("GetObject", 503, 100);
+    assert_errno(f.read_at(&mut buf, 0), libc::EIO, "read_at under 503");
+    srv.fail_next("GetObject", 0, 0);
+    let n = f.read_at(&mut buf, 0).unwrap();
+    assert!(
+        n > 0 && buf[..n] == data(100_000, 21)[..n],
+        "read_at after recovery"
+    );
+    assert!(std::fs::read(m.p("e/f")).unwrap() == data(100_000, 21));
+    assert!(std::fs::read(m.p("e/g")).unwrap() == data(100_000, 22));
+}
+
+#[test]
+fn list_failing_past_retries_is_eio_not_enoent() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "listeio");
+    srv.put(&b, "l/a/f", "f");
+    srv.put(&b, "l/b/g", "g");
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .config("[s3]\nmax_attempts = 2\n")
+        .mount();
+
+    srv.fail_next("ListObjectsV2", 503, 100);
+    // The root was never listed: looking up `l` needs a LIST.
+    assert_errno(std::fs::metadata(m.p("l")), libc::EIO, "lookup l");
+    srv.fail_next("ListObjectsV2", 0, 0);
+    assert_eq!(names(&m.p("l")), ["a", "b"]);
+    srv.fail_next("ListObjectsV2", 503, 100);
+    // A lookup in the new directory `l/a`, and reading `l/b`.
+    assert_errno(std::fs::metadata(m.p("l/a/f")), libc::EIO, "lookup l/a/f");
+    assert_errno(
+        std::fs::read_dir(m.p("l/b")).map(drop),
+        libc::EIO,
+        "opendir l/b",
+    );
+    srv.fail_next("ListObjectsV2", 500, 100);
+    assert_errno(
+        std::fs::read(m.p("l/a/f")),
+        libc::EIO,
+        "open l/a/f under 500",
+    );
+    srv.fail_next("ListObjectsV2", 0, 0);
+    // Failures are not cached as "no such file".
+    assert_eq!(std::fs::read(m.p("l/a/f")).unwrap(), b"f");
+    assert_eq!(names(&m.p("l/b")), ["g"]);
+    assert_errno(std::fs::metadata(m.p("l/a/nope")), libc::ENOENT, "missing");
+}
+
+#[test]
+fn missing_object_is_enoent_not_eio() {
+    let b = bucket("missing");
+    let s = server();
+    s.put(&b, "miss/a", "a");
+    s.put(&b, "miss/b", data(100_000, 31));
+    let m = Mount::new(&b, &["--metadata-ttl", "0"]);
+    assert_errno(std::fs::metadata(m.p("miss/nope")), libc::ENOENT, "stat");
+    assert_errno(std::fs::read(m.p("miss/nope")), libc::ENOENT, "open");
+    assert_errno(std::fs::metadata(m.p("nodir/x")), libc::ENOENT, "stat");
+    assert_eq!(names(&m.p("miss")), ["a", "b"]);
+    // Deleted after it was listed: gone at the next open.
+    s.delete(&b, "miss/a");
+    assert_errno(std::fs::read(m.p("miss/a")), libc::ENOENT, "open deleted");
+    // Deleted after it was opened: the open file is stale, never EIO.
+    let mut f = File::open(m.p("miss/b")).unwrap();
+    s.delete(&b, "miss/b");
+    let mut buf = Vec::new();
+    assert_errno(f.read_to_end(&mut buf), libc::ESTALE, "read deleted");
+    assert!(buf.is_empty());
+}
