@@ -53,7 +53,12 @@ pub async fn list_dir<S: ObjectStore>(
                 continue;
             };
             if name.is_empty() {
-                continue; // the directory marker itself
+                // The directory marker itself. One with content is odd: say so.
+                if obj.size > 0 {
+                    warn!(key = %obj.key.escape_debug(), size = obj.size,
+                        "directory marker object has content; it is shown as a directory only");
+                }
+                continue;
             }
             if let Err(why) = check_name(name) {
                 skip(&obj.key, why);
