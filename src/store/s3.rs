@@ -134,6 +134,17 @@ impl S3Store {
             .force_path_style
             .unwrap_or(config.endpoint_url.is_some());
         builder = builder.force_path_style(path_style);
+        // Validate response checksums only where the API requires it: a ranged
+        // GET has no whole-object checksum to check anyway, and hashing every
+        // byte costs a core at link speed. TLS protects the transfer; the disk
+        // cache keeps its own CRC32C per piece.
+        builder = builder
+            .response_checksum_validation(
+                aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired,
+            )
+            .request_checksum_calculation(
+                aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired,
+            );
         Ok(Self {
             client: aws_sdk_s3::Client::from_conf(builder.build()),
             bucket: bucket.to_string(),
