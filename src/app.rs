@@ -41,6 +41,22 @@ fn check_mountpoint(path: &Path) -> anyhow::Result<()> {
     if !meta.is_dir() {
         bail!("mount point {} is not a directory", path.display());
     }
+    // A second mount stacked on the first would be unmounted together with
+    // it, and its shutdown would unmount the other one by path.
+    let canonical =
+        std::fs::canonicalize(path).with_context(|| format!("mount point {}", path.display()))?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = canonical.to_string_lossy();
+    if mounts
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_ref()))
+    {
+        bail!(
+            "mount point {} is already a mount point; unmount it first (umount {})",
+            canonical.display(),
+            canonical.display()
+        );
+    }
     Ok(())
 }
 
@@ -260,7 +276,15 @@ async fn probe(store: &S3Store, source: &Source, config: &Config) -> anyhow::Res
         .clone()
         .unwrap_or_else(|| "AWS S3".to_string());
     match store.list_page(&source.prefix, Some("/"), None, 1).await {
-        Ok(_) => Ok(()),
+        Ok(page) => {
+            if page.objects.is_empty() && page.common_prefixes.is_empty() {
+                warn!(
+                    "s3://{}/{} holds no objects: the mount will be empty (is the prefix right?)",
+                    source.bucket, source.prefix
+                );
+            }
+            Ok(())
+        }
         Err(StoreError::NoSuchBucket) | Err(StoreError::NotFound) => {
             bail!("bucket {:?} does not exist at {endpoint}", source.bucket)
         }

@@ -102,7 +102,7 @@ pub struct MountArgs {
     #[arg(long)]
     pub foreground: bool,
     /// With --daemon: append logs to this file (default: discarded).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", requires = "daemon")]
     pub log_file: Option<PathBuf>,
 }
 
@@ -110,8 +110,8 @@ fn parse_octal(s: &str) -> Result<u16, String> {
     let digits = s.trim_start_matches("0o");
     u16::from_str_radix(digits, 8)
         .ok()
-        .filter(|m| *m <= 0o7777)
-        .ok_or_else(|| format!("{s:?} is not an octal mode from 0 to 7777"))
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s:?} is not an octal mode from 0 to 777"))
 }
 
 /// The bucket and key prefix of `s3://BUCKET[/PREFIX]`.
@@ -275,5 +275,6 @@ mod tests {
         assert_eq!(c.mount.file_mode, 0o600);
         assert!(c.mount.allow_other);
         assert_eq!(c.mount.uid, Some(12));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

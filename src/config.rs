@@ -132,16 +132,24 @@ impl Config {
             );
         }
         let m = &self.mount;
-        if m.file_mode > 0o7777 {
+        // Permission bits only: a TOML `644` is decimal (0o1204) and would
+        // silently set the sticky bit; it must be written `0o644`.
+        if m.file_mode > 0o777 {
             return bad(
                 "mount.file_mode",
-                format!("{:o}; accepted: octal 0 to 7777", m.file_mode),
+                format!(
+                    "{} (octal {:o}); accepted: 0o000 to 0o777, written e.g. 0o644 in TOML",
+                    m.file_mode, m.file_mode
+                ),
             );
         }
-        if m.dir_mode > 0o7777 {
+        if m.dir_mode > 0o777 {
             return bad(
                 "mount.dir_mode",
-                format!("{:o}; accepted: octal 0 to 7777", m.dir_mode),
+                format!(
+                    "{} (octal {:o}); accepted: 0o000 to 0o777, written e.g. 0o755 in TOML",
+                    m.dir_mode, m.dir_mode
+                ),
             );
         }
         if !m.read_only {
@@ -169,6 +177,19 @@ impl Config {
             return bad(
                 "metadata.kernel_ttl_secs",
                 "accepted: 0 or more seconds".into(),
+            );
+        }
+        let level = self.telemetry.log_level.trim();
+        let plain = ["error", "warn", "info", "debug", "trace", "off"];
+        if !level.contains('=')
+            && !level.contains(',')
+            && !plain.contains(&level.to_ascii_lowercase().as_str())
+        {
+            return bad(
+                "telemetry.log_level",
+                format!(
+                    "{level:?}; accepted: error, warn, info, debug, trace, off, or directives like lakemount=debug,fuser=warn"
+                ),
             );
         }
         let s = &self.s3;
@@ -244,5 +265,22 @@ mod tests {
                 .to_string()
                 .contains("mount.read_only")
         );
+        // `file_mode = 644` in TOML is decimal: refused, not turned into 0o1204.
+        let c = Config::from_toml("[mount]\nfile_mode = 644\n", "x.toml").unwrap();
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(
+            msg.contains("mount.file_mode") && msg.contains("0o644"),
+            "{msg}"
+        );
+        let mut c = Config::default();
+        c.telemetry.log_level = "verbose".into();
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("telemetry.log_level")
+        );
+        c.telemetry.log_level = "lakemount=debug,fuser=warn".into();
+        c.validate().unwrap();
     }
 }

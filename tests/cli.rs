@@ -319,3 +319,38 @@ fn plain_http_works_with_aws_ca_bundle_set() {
     let m = Mount::new(&b, &["--ca-bundle", ca.to_str().unwrap()]);
     assert_eq!(std::fs::read_to_string(m.p("x")).unwrap(), "plain");
 }
+
+#[test]
+fn second_mount_on_the_same_directory_is_refused() {
+    let b = bucket("twice");
+    server().put(&b, "f", "first");
+    let m = Mount::new(&b, &[]);
+    let o = run(lakemount_cmd(&server().endpoint())
+        .args(["mount", &format!("s3://{b}")])
+        .arg(m.path()));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        reason(&o).contains("already a mount point"),
+        "{}",
+        stderr(&o)
+    );
+    // The first mount is untouched.
+    assert_eq!(std::fs::read_to_string(m.p("f")).unwrap(), "first");
+}
+
+#[test]
+fn decimal_file_mode_in_toml_is_refused_with_the_octal_spelling() {
+    let dir = TempDir::new("decmode");
+    let cfg = write_cfg(&dir, "[mount]\nfile_mode = 644\n");
+    let o = run(lakemount_cmd(&server().endpoint())
+        .args(["mount", "s3://whatever", "--config"])
+        .arg(&cfg)
+        .arg(&dir.0));
+    assert_eq!(o.status.code(), Some(1));
+    let r = reason(&o);
+    assert!(
+        r.contains("mount.file_mode") && r.contains("0o644"),
+        "{}",
+        stderr(&o)
+    );
+}

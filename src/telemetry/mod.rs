@@ -10,6 +10,10 @@ use tracing_subscriber::EnvFilter;
 pub fn init_logging(level: &str) -> anyhow::Result<()> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(v) if !v.is_empty() => EnvFilter::try_new(v)?,
+        // fuser warns on every clean unmount ("Failed to umount ... EINVAL",
+        // its second unmount of an already unmounted path): keep its errors only.
+        _ if !level.contains('=') => EnvFilter::try_new(format!("{level},fuser::session=error"))
+            .map_err(|e| anyhow::anyhow!("telemetry.log_level: bad value {level:?}: {e}"))?,
         _ => EnvFilter::try_new(level)
             .map_err(|e| anyhow::anyhow!("telemetry.log_level: bad value {level:?}: {e}"))?,
     };
