@@ -1,0 +1,1078 @@
+#!/usr/bin/env python3
+"""lakemount benchmark harness: driven by bench/run.sh (see bench/README.md).
+
+Starts Garage on loopback, makes and uploads the deterministic data sets,
+then for every selected workload runs N rounds; each round measures the raw
+limit (rawget: concurrent ranged GETs through aws-sdk-s3), local-disk reads of
+the same bytes, and every mount (freshly mounted for each measurement, so
+each one starts cold), and finally writes bench/RESULTS.md.
+
+Everything it creates lives under $BENCH_DIR; everything it mounts or starts
+is unmounted and stopped on exit, also on failure or Ctrl-C.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+MIB = 1048576
+
+# ------------------------------------------------------------------ settings
+
+MODES = {
+    # The issue's data sets. Caps keep the default set under 30 minutes on 2 cores.
+    "full": dict(
+        shards=4, shard_size=1 << 30,
+        tree_dirs=100, tree_per=1000, flat=100_000,
+        jpeg_dirs=20, jpeg_per=1000,
+        runs=3, seq_secs=6, rand_secs=4, loader_secs=6, meta_secs=10,
+    ),
+    # For trying the harness itself: small data, same workloads, N=3.
+    "quick": dict(
+        shards=4, shard_size=128 << 20,
+        tree_dirs=10, tree_per=200, flat=2000,
+        jpeg_dirs=4, jpeg_per=250,
+        runs=3, seq_secs=3, rand_secs=2, loader_secs=3, meta_secs=5,
+    ),
+}
+
+SHARD_KEYS = [f"shards/shard-{i:04}.tar" for i in range(4)]
+
+# workload -> (suite, kind, unit)
+WORKLOADS = {
+    "seq-1j-256k": ("seq", "fio", "MiB/s"),
+    "seq-1j-1m": ("seq", "fio", "MiB/s"),
+    "seq-4j-256k": ("seq", "fio", "MiB/s"),
+    "seq-4j-1m": ("seq", "fio", "MiB/s"),
+    "rand-4k": ("rand", "fio", "MiB/s"),
+    "rand-256k": ("rand", "fio", "MiB/s"),
+    "loader-tar": ("loader", "py", "MiB/s"),
+    "loader-small": ("loader", "py", "files/s"),
+    "meta-tree": ("meta", "py", "entries/s"),
+    "meta-flat": ("meta", "py", "entries/s"),
+}
+WORKLOAD_TEXT = {
+    "seq-1j-256k": "fio: 1 reader, sequential, bs 256 KiB, 1 shard",
+    "seq-1j-1m": "fio: 1 reader, sequential, bs 1 MiB, 1 shard",
+    "seq-4j-256k": "fio: 4 readers, sequential, bs 256 KiB, 1 shard each",
+    "seq-4j-1m": "fio: 4 readers, sequential, bs 1 MiB, 1 shard each",
+    "rand-4k": "fio: 4 readers, random 4 KiB, 1 shard each",
+    "rand-256k": "fio: 4 readers, random 256 KiB, 1 shard each",
+    "loader-tar": "Python: 4 worker processes, tarfile stream of 1 shard each",
+    "loader-small": "Python: 8 worker processes open+read JPEG-sized files",
+    "meta-tree": "Python: os.walk + os.stat, 100 dirs x 1000 files",
+    "meta-flat": "Python: os.walk + os.stat, 1 dir of 100,000 files",
+}
+SUITES = ["seq", "rand", "loader", "meta"]
+
+# Columns of the table, in order. "raw-get" is the limit every ratio refers to.
+SYSTEMS = ["raw-get", "local-disk", "lakemount", "rclone-off", "rclone-full", "s3fs", "mount-s3"]
+MOUNTS = ["lakemount", "rclone-off", "rclone-full", "s3fs", "mount-s3"]
+
+# Pseudo-operation in the request counts: bytes Garage read from its block files
+# (whole 256 KiB blocks, so an upper bound of the bytes served).
+BYTES_READ = "bytes_read"
+
+# rawget concurrency for the limit: enough parallel GETs that the server, not
+# the client, sets the pace (see bench/README.md).
+RAW_SEQ_CONCURRENCY = 16
+
+
+def log(*a):
+    print(f"[bench {time.strftime('%H:%M:%S')}]", *a, file=sys.stderr, flush=True)
+
+
+def run(cmd, check=True, env=None, capture=True, timeout=None, cwd=None):
+    r = subprocess.run(
+        cmd, env=env, cwd=cwd, timeout=timeout, text=True,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.PIPE if capture else None,
+    )
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} exited {r.returncode}: {(r.stderr or '').strip()[-2000:]}")
+    return r
+
+
+def run_group(cmd, env=None, timeout=None):
+    """Runs a workload in its own process group; on timeout, error or interrupt the
+    whole group (fio's job processes, the loader's workers) is killed, so nothing
+    keeps a mount busy."""
+    p = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except BaseException:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def last_json(text):
+    for line in reversed((text or "").strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            return json.loads(line)
+    raise ValueError(f"no JSON in output: {text[-500:]!r}")
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+# ------------------------------------------------------------------ Garage
+
+
+class Garage:
+    """A single-node Garage on loopback, data under BENCH_DIR/garage."""
+
+    def __init__(self, bench_dir, binary, port_base, preload=None):
+        self.dir = os.path.join(bench_dir, "garage")
+        self.preload = preload  # bench/nodelay shim (TCP_NODELAY), see nodelay/nodelay.c
+        self.binary = binary
+        self.s3_port, self.rpc_port, self.admin_port = port_base, port_base + 1, port_base + 3
+        self.endpoint = f"http://127.0.0.1:{self.s3_port}"
+        self.region = "garage"
+        self.cfg = os.path.join(self.dir, "garage.toml")
+        self.proc = None
+        self.key_id = self.secret = None
+
+    def cli(self, *args, check=True):
+        return run([self.binary, "-c", self.cfg, *args], check=check)
+
+    def write_config(self):
+        os.makedirs(self.dir, exist_ok=True)
+        secret_file = os.path.join(self.dir, "rpc_secret")
+        if not os.path.exists(secret_file):
+            with open(secret_file, "w") as f:
+                f.write(secrets.token_hex(32))
+        with open(secret_file) as f:
+            rpc_secret = f.read().strip()
+        with open(self.cfg, "w") as f:
+            f.write(f"""# Written by bench/harness.py: single-node Garage for the benchmark.
+metadata_dir = "{self.dir}/meta"
+data_dir = "{self.dir}/data"
+db_engine = "lmdb"
+replication_factor = 1
+# Store blocks as sent: no zstd on the GET path.
+compression_level = "none"
+# Garage reads and BLAKE2-checks a whole block for any range inside it: 256 KiB
+# blocks (default 1 MiB) make a small random GET 2.5x cheaper, sequential the same.
+block_size = "256K"
+# No background scrub competing with the measurements.
+disable_scrub = true
+rpc_bind_addr = "127.0.0.1:{self.rpc_port}"
+rpc_public_addr = "127.0.0.1:{self.rpc_port}"
+rpc_secret = "{rpc_secret}"
+
+[s3_api]
+s3_region = "{self.region}"
+api_bind_addr = "127.0.0.1:{self.s3_port}"
+root_domain = ".s3.garage.localhost"
+
+[admin]
+# /metrics is open without a token on loopback (per-operation request counters).
+api_bind_addr = "127.0.0.1:{self.admin_port}"
+""")
+        os.chmod(self.cfg, 0o600)
+
+    def start(self):
+        self.write_config()
+        pidfile = os.path.join(self.dir, "garage.pid")
+        # A Garage of an earlier, killed run of this harness: stop it by its pid.
+        if os.path.exists(pidfile):
+            with open(pidfile) as f:
+                old = int(f.read().strip() or 0)
+            try:
+                with open(f"/proc/{old}/cmdline", "rb") as f:
+                    if self.cfg.encode() in f.read():
+                        log(f"stopping stale Garage pid {old}")
+                        os.kill(old, signal.SIGTERM)
+                        for _ in range(100):
+                            if not os.path.exists(f"/proc/{old}"):
+                                break
+                            time.sleep(0.1)
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+        logf = open(os.path.join(self.dir, "garage.log"), "a")
+        env = dict(os.environ, RUST_LOG="garage=warn")
+        if self.preload:
+            env["LD_PRELOAD"] = self.preload
+        self.proc = subprocess.Popen(
+            [self.binary, "-c", self.cfg, "server"], stdout=logf, stderr=logf, env=env,
+            start_new_session=True,
+        )
+        with open(pidfile, "w") as f:
+            f.write(str(self.proc.pid))
+        for _ in range(300):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"garage server exited {self.proc.returncode}; see {self.dir}/garage.log")
+            if self.cli("status", check=False).returncode == 0:
+                break
+            time.sleep(0.2)
+        else:
+            raise RuntimeError("garage server did not answer `garage status` in 60 s")
+        self._layout()
+        self._key()
+        log(f"Garage up at {self.endpoint} (pid {self.proc.pid})")
+
+    def _layout(self):
+        show = self.cli("layout", "show").stdout
+        m = re.search(r"Current cluster layout version:\s*(\d+)", show)
+        if m and int(m.group(1)) > 0:
+            return
+        status = self.cli("status").stdout
+        ids = re.findall(r"^([0-9a-f]{16})\s", status, re.M)
+        if not ids:
+            raise RuntimeError(f"no node id in `garage status`:\n{status}")
+        self.cli("layout", "assign", "-z", "dc1", "-c", "100G", ids[0])
+        self.cli("layout", "apply", "--version", "1")
+        for _ in range(100):
+            if self.cli("status").returncode == 0 and "NO ROLE" not in self.cli("status").stdout:
+                break
+            time.sleep(0.1)
+
+    def _key(self):
+        keyfile = os.path.join(self.dir, "key.json")
+        if os.path.exists(keyfile):
+            with open(keyfile) as f:
+                k = json.load(f)
+        else:
+            out = self.cli("key", "create", "bench-key").stdout
+            kid = re.search(r"Key ID:\s*(\S+)", out)
+            sec = re.search(r"Secret key:\s*(\S+)", out)
+            if not (kid and sec):
+                raise RuntimeError(f"cannot parse `garage key create` output:\n{out}")
+            k = {"id": kid.group(1), "secret": sec.group(1)}
+            with open(keyfile, "w") as f:
+                json.dump(k, f)
+            os.chmod(keyfile, 0o600)
+        self.key_id, self.secret = k["id"], k["secret"]
+
+    def bucket(self, name):
+        if self.cli("bucket", "info", name, check=False).returncode != 0:
+            self.cli("bucket", "create", name)
+        self.cli("bucket", "allow", "--read", "--write", "--owner", name, "--key", "bench-key")
+
+    def counters(self):
+        """S3 requests served so far, by API endpoint (Garage's own /metrics)."""
+        url = f"http://127.0.0.1:{self.admin_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("block_bytes_read"):
+                out[BYTES_READ] = out.get(BYTES_READ, 0) + int(float(line.split()[-1]))
+                continue
+            if not line.startswith("api_s3_request_counter"):
+                continue
+            m = re.search(r'api_endpoint="([^"]+)".*\}\s+([0-9.e+]+)$', line)
+            if m:
+                out[m.group(1)] = out.get(m.group(1), 0) + int(float(m.group(2)))
+        return out
+
+    def version(self):
+        r = run([self.binary, "--version"], check=False)
+        return (r.stdout or r.stderr).strip().splitlines()[0] if (r.stdout or r.stderr) else "?"
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+def s3_env(g):
+    env = dict(os.environ)
+    # AWS_CA_BUNDLE breaks some clients (rclone) on plain-http loopback; nobody here needs it.
+    env.pop("AWS_CA_BUNDLE", None)
+    env.update(AWS_ACCESS_KEY_ID=g.key_id, AWS_SECRET_ACCESS_KEY=g.secret, AWS_REGION=g.region,
+               AWS_ENDPOINT_URL=g.endpoint)
+    return env
+
+
+# ------------------------------------------------------------------ data sets
+
+
+def make_data(a, mode, g, bucket, rawget):
+    """Generates the local copy (deterministic) and uploads it once per Garage data dir."""
+    m = MODES[mode]
+    spec = {k: m[k] for k in ("shards", "shard_size", "tree_dirs", "tree_per", "flat", "jpeg_dirs", "jpeg_per")}
+    spec["format"] = 1
+    spec["garage_block_size"] = "256K"  # re-upload when the server's block size changes
+    data = os.path.join(a.bench_dir, "data", mode)
+    done = os.path.join(data, ".complete.json")
+    gen_spec = {k: v for k, v in spec.items() if k != "garage_block_size"}
+    have = json.load(open(done)) if os.path.exists(done) else None
+    if have != gen_spec:
+        log(f"generating the {mode} data set in {data}")
+        os.makedirs(data, exist_ok=True)
+        gen = [
+            [rawget, "gen-shards", "--dir", f"{data}/shards", "--count", str(m["shards"]), "--size", str(m["shard_size"])],
+            [rawget, "gen-files", "--dir", f"{data}/tree", "--dirs", str(m["tree_dirs"]), "--per-dir", str(m["tree_per"]),
+             "--min", "4096", "--max", "12288", "--ext", "bin"],
+            [rawget, "gen-files", "--dir", f"{data}/flat", "--dirs", "0", "--per-dir", str(m["flat"]),
+             "--min", "4096", "--max", "12288", "--ext", "bin"],
+            [rawget, "gen-files", "--dir", f"{data}/jpeg", "--dirs", str(m["jpeg_dirs"]), "--per-dir", str(m["jpeg_per"]),
+             "--min", "40000", "--max", "200000", "--ext", "jpg"],
+        ]
+        for cmd in gen:
+            log("  " + " ".join(cmd[1:3]) + ": " + json.dumps(last_json(run(cmd).stdout)))
+        with open(done, "w") as f:
+            json.dump(gen_spec, f)
+    g.bucket(bucket)
+    up = os.path.join(g.dir, f"uploaded-{bucket}.json")
+    have = json.load(open(up)) if os.path.exists(up) else None
+    if have != spec:
+        log(f"uploading the {mode} data set to s3://{bucket} (once per Garage data dir)")
+        for sub in ("shards", "tree", "flat", "jpeg"):
+            r = run([rawget, "put", "--bucket", bucket, "--dir", f"{data}/{sub}", "--prefix", f"{sub}/",
+                     "--concurrency", "32"], env=s3_env(g))
+            log(f"  put {sub}/: " + json.dumps(last_json(r.stdout)))
+        with open(up, "w") as f:
+            json.dump(spec, f)
+    return data
+
+
+# ------------------------------------------------------------------ systems
+
+
+class Mount:
+    """One mounted file system: the daemon's process, its mount point and log."""
+
+    def __init__(self, name, cmd, env, mnt, logpath, shown):
+        self.name, self.cmd, self.env, self.mnt, self.logpath = name, cmd, env, mnt, logpath
+        self.shown = shown  # the command as recorded in RESULTS.md (no secrets)
+        self.proc = None
+
+    def start(self, timeout=60):
+        os.makedirs(self.mnt, exist_ok=True)
+        if os.path.ismount(self.mnt):
+            run(["umount", "-l", self.mnt], check=False)
+        logf = open(self.logpath, "a")
+        logf.write(f"\n==== {time.strftime('%F %T')} {self.shown}\n")
+        logf.flush()
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=logf, stderr=logf, start_new_session=True)
+        t = time.monotonic()
+        while time.monotonic() - t < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited {self.proc.returncode} before mounting; see {self.logpath}")
+            if os.path.ismount(self.mnt):
+                # The daemon may still be answering its first requests; one stat settles it.
+                os.stat(self.mnt)
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not mount in {timeout} s; see {self.logpath}")
+
+    def peak_rss_mib(self):
+        """VmHWM of the daemon (the largest RSS over its life)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) / 1024
+        except (FileNotFoundError, TypeError, AttributeError):
+            return None
+        return None
+
+    def stop(self):
+        if os.path.ismount(self.mnt):
+            for _ in range(20):
+                if run(["umount", self.mnt], check=False).returncode == 0:
+                    break
+                time.sleep(0.25)
+            else:
+                run(["umount", "-l", self.mnt], check=False)
+        if self.proc:
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        self.proc = None
+
+
+MOUNT_S3_MISSING = ("not installed: no `mount-s3` on PATH (Mountpoint for Amazon S3 is on none of the "
+                    "registries this machine reaches); install it and rerun to fill this column")
+
+
+def mount_factory(name, a, g, bucket, write_secrets=True):
+    """Returns a function making a fresh Mount of `name`, or None and the reason it is not run."""
+    mnt = os.path.join(a.bench_dir, "mnt", name)
+    logs = os.path.join(a.bench_dir, "logs")
+    os.makedirs(logs, exist_ok=True)
+    logpath = os.path.join(logs, f"{name}.log")
+    env = s3_env(g)
+    env.pop("AWS_ENDPOINT_URL", None)
+    if name == "lakemount":
+        binary = os.path.join(REPO, "target", "release", "lakemount")
+        # Defaults of config/lakemount.toml: what a user gets without tuning.
+        cmd = [binary, "mount", f"s3://{bucket}", mnt, "--endpoint-url", g.endpoint, "--region", g.region]
+        shown = " ".join(["AWS_ACCESS_KEY_ID=.. AWS_SECRET_ACCESS_KEY=.. target/release/lakemount", *cmd[1:]])
+        return (lambda: Mount(name, cmd, env, mnt, logpath, shown)), None
+    if name.startswith("rclone"):
+        if not shutil.which("rclone"):
+            return None, "not installed: `rclone` is not on PATH"
+        env.update({
+            "RCLONE_CONFIG_BENCH_TYPE": "s3",
+            "RCLONE_CONFIG_BENCH_PROVIDER": "Other",
+            "RCLONE_CONFIG_BENCH_ENDPOINT": g.endpoint,
+            "RCLONE_CONFIG_BENCH_REGION": g.region,
+            "RCLONE_CONFIG_BENCH_ACCESS_KEY_ID": g.key_id,
+            "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY": g.secret,
+            "RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE": "true",
+            # ListObjectsV2, as the other clients use (rclone's default for "Other" is v1).
+            "RCLONE_CONFIG_BENCH_LIST_VERSION": "2",
+        })
+        common = [
+            "--read-only",
+            # Chunked ranged GETs: start at 16 MiB, double up to 1 GiB for sequential readers;
+            # a small first chunk keeps random reads from pulling 128 MiB (the default).
+            "--vfs-read-chunk-size", "16M", "--vfs-read-chunk-size-limit", "1G",
+            # Read-ahead buffer per open file (default 16 MiB).
+            "--buffer-size", "32M",
+            # The data set does not change while the benchmark runs.
+            "--dir-cache-time", "1h", "--attr-timeout", "1m", "--poll-interval", "0",
+            # LastModified from the listing instead of a HEAD per file; no HEAD before a GET.
+            "--use-server-modtime", "--s3-no-head-object", "--no-checksum",
+            # Same kernel read-ahead as lakemount's default (1 MiB; rclone's default 128 KiB).
+            "--max-read-ahead", "1M",
+            "--log-level", "NOTICE",
+        ]
+        if name == "rclone-off":
+            extra = ["--vfs-cache-mode", "off"]
+        else:
+            cache = os.path.join(a.bench_dir, "rclone-cache")
+            extra = ["--vfs-cache-mode", "full", "--cache-dir", cache, "--vfs-cache-max-size", "20G",
+                     "--vfs-read-ahead", "128M", "--vfs-fast-fingerprint"]
+        cmd = ["rclone", "mount", f"bench:{bucket}", mnt, *common, *extra]
+        shown = "RCLONE_CONFIG_BENCH_*=(s3, Other, endpoint, region garage, path style) " + " ".join(cmd)
+
+        def make():
+            if name == "rclone-full":
+                # Every measurement starts with an empty cache (epoch 1).
+                shutil.rmtree(os.path.join(a.bench_dir, "rclone-cache"), ignore_errors=True)
+            return Mount(name, cmd, env, mnt, logpath, shown)
+        return make, None
+    if name == "s3fs":
+        if not shutil.which("s3fs"):
+            return None, "not installed: `s3fs` is not on PATH"
+        pw = os.path.join(a.bench_dir, "s3fs.passwd")
+        if write_secrets:
+            with open(pw, "w") as f:
+                f.write(f"{g.key_id}:{g.secret}\n")
+            os.chmod(pw, 0o600)
+        opts = ",".join([
+            "ro", f"url={g.endpoint}", "use_path_request_style", f"endpoint={g.region}", "sigv4",
+            f"passwd_file={pw}",
+            # Parallel ranged GETs of 16 MiB parts for large reads (defaults 5 x 10 MB).
+            "parallel_count=8", "multipart_size=16",
+            # Parallel HEADs when listing a directory (default 20), and a stat cache
+            # large enough for the 100k-entry directory, trusted for the whole run.
+            "multireq_max=64", "max_stat_cache_size=300000", "stat_cache_expire=3600",
+            "enable_noobj_cache",
+            "dbglevel=warn",
+        ])
+        cmd = ["s3fs", bucket, mnt, "-f", "-o", opts]
+        shown = " ".join(cmd).replace(pw, "PASSWD_FILE")
+        return (lambda: Mount(name, cmd, env, mnt, logpath, shown)), None
+    if name == "mount-s3":
+        if not shutil.which("mount-s3"):
+            return None, MOUNT_S3_MISSING
+        cmd = ["mount-s3", bucket, mnt, "--foreground", "--read-only", "--endpoint-url", g.endpoint,
+               "--region", g.region, "--force-path-style"]
+        shown = "AWS_ACCESS_KEY_ID=.. AWS_SECRET_ACCESS_KEY=.. " + " ".join(cmd)
+        return (lambda: Mount(name, cmd, env, mnt, logpath, shown)), None
+    raise ValueError(name)
+
+
+# ------------------------------------------------------------------ workloads
+
+
+def fio_cmd(workload, root, secs, out):
+    job = os.path.join(HERE, "fio", f"{workload}.fio")
+    env = dict(os.environ, BENCH_ROOT=root, RUNTIME=str(secs))
+    return ["fio", "--readonly", "--output-format=json", f"--output={out}", job], env
+
+
+def run_fio(workload, root, secs, tmpdir):
+    out = os.path.join(tmpdir, "fio.json")
+    cmd, env = fio_cmd(workload, root, secs, out)
+    r = run_group(cmd, env=env, timeout=secs + 120)
+    if r.returncode != 0:
+        raise RuntimeError(f"fio exited {r.returncode}: {r.stderr.strip()[-800:]}")
+    with open(out) as f:
+        j = json.load(f)
+    rd = j["jobs"][0]["read"]
+    secs_used = rd["runtime"] / 1000.0
+    return {"value": rd["io_bytes"] / MIB / secs_used if secs_used else 0.0, "bytes": rd["io_bytes"],
+            "secs": secs_used, "iops": rd["iops"]}
+
+
+def py_cmd(workload, root, m):
+    w = [sys.executable, os.path.join(HERE, "workloads.py")]
+    if workload == "loader-tar":
+        return w + ["loader-tar", "--root", root, "--shards", ",".join(SHARD_KEYS), "--secs", str(m["loader_secs"])]
+    if workload == "loader-small":
+        return w + ["loader-small", "--root", root, "--dirs", str(m["jpeg_dirs"]), "--per-dir", str(m["jpeg_per"]),
+                    "--workers", "8", "--secs", str(m["loader_secs"])]
+    if workload.startswith("meta-"):
+        return w + ["meta", "--root", root, "--sub", workload[5:], "--secs", str(m["meta_secs"])]
+    raise ValueError(workload)
+
+
+def run_py(workload, root, m):
+    cmd = py_cmd(workload, root, m)
+    r = run_group(cmd, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"{workload} exited {r.returncode}: {r.stderr.strip()[-800:]}")
+    j = last_json(r.stdout)
+    unit = WORKLOADS[workload][2]
+    j["value"] = {"MiB/s": j.get("mib_per_s"), "files/s": j.get("files_per_s"),
+                  "entries/s": j.get("entries_per_s")}[unit]
+    return j
+
+
+def rawget_cmd(workload, rawget, bucket, m):
+    base = [rawget]
+    if workload.startswith("seq-1j"):
+        return base + ["seq", "--bucket", bucket, "--keys", SHARD_KEYS[0], "--concurrency", str(RAW_SEQ_CONCURRENCY),
+                       "--max-secs", str(m["seq_secs"])]
+    if workload.startswith("seq-4j") or workload == "loader-tar":
+        secs = m["seq_secs"] if workload.startswith("seq") else m["loader_secs"]
+        return base + ["seq", "--bucket", bucket, "--keys", ",".join(SHARD_KEYS), "--concurrency",
+                       str(RAW_SEQ_CONCURRENCY), "--max-secs", str(secs)]
+    if workload.startswith("rand-"):
+        bs = {"rand-4k": 4096, "rand-256k": 262144}[workload]
+        # As many requests in flight as fio has readers: the latency-bound best case.
+        return base + ["rand", "--bucket", bucket, "--keys", ",".join(SHARD_KEYS), "--bs", str(bs),
+                       "--concurrency", "4", "--secs", str(m["rand_secs"])]
+    if workload == "loader-small":
+        return base + ["small", "--bucket", bucket, "--prefix", "jpeg/", "--concurrency", "8",
+                       "--max-secs", str(m["loader_secs"])]
+    if workload.startswith("meta-"):
+        return base + ["list", "--bucket", bucket, "--prefix", workload[5:] + "/", "--max-secs", str(m["meta_secs"])]
+    raise ValueError(workload)
+
+
+def run_rawget(workload, rawget, bucket, m, g):
+    r = run_group(rawget_cmd(workload, rawget, bucket, m), env=s3_env(g), timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"rawget exited {r.returncode}: {r.stderr.strip()[-800:]}")
+    j = last_json(r.stdout)
+    unit = WORKLOADS[workload][2]
+    j["value"] = {"MiB/s": j.get("mib_per_s"), "files/s": j.get("files_per_s"), "entries/s": j.get("files_per_s")}[unit]
+    return j
+
+
+def measure(system, workload, ctx):
+    """One measurement: returns a dict with value (in the workload's unit), requests, rss."""
+    a, m, g, bucket, rawget, data, tmp = (ctx[k] for k in ("args", "mode", "garage", "bucket", "rawget", "data", "tmp"))
+    kind = WORKLOADS[workload][1]
+    res = {"load": loadavg()}
+    if system == "raw-get":
+        before = g.counters()
+        res.update(run_rawget(workload, rawget, bucket, m, g))
+        res["requests"] = diff(g.counters(), before)
+        return res
+    if system == "local-disk":
+        # Cold: the data set's pages are dropped from the page cache first.
+        sub = {"loader-small": ["jpeg"], "meta-tree": [], "meta-flat": []}.get(workload, ["shards"])
+        if sub:
+            run([sys.executable, os.path.join(HERE, "workloads.py"), "evict", *[os.path.join(data, s) for s in sub]])
+        res.update(run_fio(workload, data, secs_for(workload, m), tmp) if kind == "fio" else run_py(workload, data, m))
+        return res
+    mount = ctx["factories"][system]()
+    mount.start()
+    try:
+        before = g.counters()
+        res.update(run_fio(workload, mount.mnt, secs_for(workload, m), tmp) if kind == "fio"
+                   else run_py(workload, mount.mnt, m))
+        res["requests"] = diff(g.counters(), before)
+        res["rss_mib"] = mount.peak_rss_mib()
+    finally:
+        mount.stop()
+    return res
+
+
+def secs_for(workload, m):
+    return m["seq_secs"] if workload.startswith("seq") else m["rand_secs"]
+
+
+def diff(after, before):
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0) > 0}
+
+
+# ------------------------------------------------------------------ report
+
+OP_SHORT = {"GetObject": "GET", "HeadObject": "HEAD", "ListObjectsV2": "LIST", "ListObjects": "LIST(v1)",
+            "HeadBucket": "HEADB", "GetBucketLocation": "LOC"}
+
+
+def fmt_value(v, unit):
+    if v is None:
+        return "?"
+    if unit == "MiB/s":
+        return f"{v:,.1f}" if v < 100 else f"{v:,.0f}"
+    return f"{v:,.0f}"
+
+
+def fmt_bytes(n):
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def fmt_requests(reqs):
+    ops = {k: v for k, v in (reqs or {}).items() if k != BYTES_READ}
+    if not ops:
+        return "0"
+    items = sorted(ops.items(), key=lambda kv: -kv[1])
+    txt = ", ".join(f"{OP_SHORT.get(k, k)} {v:,}" for k, v in items)
+    if reqs.get(BYTES_READ):
+        txt += f"; {fmt_bytes(reqs[BYTES_READ])} read"
+    return txt
+
+
+def median_requests(runs):
+    ops = sorted({k for r in runs for k in r.get("requests", {})})
+    return {op: int(statistics.median([r.get("requests", {}).get(op, 0) for r in runs])) for op in ops}
+
+
+def summarize(results, workloads, systems):
+    """results[(system, workload)] = list of run dicts or {"error": ..}."""
+    table = {}
+    for w in workloads:
+        for s in systems:
+            runs = results.get((s, w))
+            if not isinstance(runs, list) or not runs:
+                table[(s, w)] = runs if isinstance(runs, dict) else {"error": "not measured"}
+                continue
+            ok = [r for r in runs if "error" not in r]
+            if not ok:
+                table[(s, w)] = {"error": runs[-1]["error"]}
+                continue
+            vals = [r["value"] for r in ok]
+            rss = [r["rss_mib"] for r in ok if r.get("rss_mib") is not None]
+            table[(s, w)] = {
+                "median": statistics.median(vals), "values": vals, "n": len(ok), "failed": len(runs) - len(ok),
+                "requests": median_requests(ok), "rss_mib": max(rss) if rss else None,
+                "partial": sum(1 for r in ok if r.get("complete") is False),
+                "errors": [r["error"] for r in runs if "error" in r],
+            }
+    return table
+
+
+def machine_info():
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem_kb = int(f.readline().split()[1])
+    return {"cores": os.cpu_count(), "cpu": cpu, "memory_gib": round(mem_kb / 1048576, 1),
+            "kernel": platform.release(), "os": platform.platform()}
+
+
+def versions(g, rawget):
+    def first(cmd):
+        try:
+            r = subprocess.run(cmd, text=True, capture_output=True, timeout=20)
+            return ((r.stdout or "") + (r.stderr or "")).strip().splitlines()[0]
+        except Exception as e:  # noqa: BLE001 - a version line is best effort
+            return f"unavailable ({e})"
+    lm = os.path.join(REPO, "target", "release", "lakemount")
+    built = (datetime.datetime.fromtimestamp(os.path.getmtime(lm), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+             if os.path.exists(lm) else "?")
+    rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], text=True, capture_output=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--", "src", "Cargo.toml", "Cargo.lock"],
+                           text=True, capture_output=True).stdout.strip()
+    sdk = "?"
+    lock = os.path.join(HERE, "rawget", "Cargo.lock")
+    if os.path.exists(lock):
+        m = re.search(r'name = "aws-sdk-s3"\nversion = "([^"]+)"', open(lock).read())
+        sdk = m.group(1) if m else "?"
+    lsdk = re.search(r'name = "aws-sdk-s3"\nversion = "([^"]+)"', open(os.path.join(REPO, "Cargo.lock")).read())
+    v = {
+        "lakemount": f"{first([lm, '--version'])} (git {rev}{', uncommitted changes in src/' if dirty else ''}; "
+                     f"binary built {built}; aws-sdk-s3 {lsdk.group(1) if lsdk else '?'})",
+        "Garage (server)": g.version(),
+        "rclone": first(["rclone", "version"]) if shutil.which("rclone") else "not installed",
+        "s3fs": first(["s3fs", "--version"]) if shutil.which("s3fs") else "not installed",
+        "mount-s3": first(["mount-s3", "--version"]) if shutil.which("mount-s3") else "not installed",
+        "rawget (limit)": f"bench/rawget, aws-sdk-s3 {sdk}",
+        "fio": first(["fio", "--version"]),
+        "python": platform.python_version(),
+    }
+    return v
+
+
+def write_results(path, ctx, table, workloads, systems, skipped, started, finished, load_before, load_after, setup_log):
+    a, m, g = ctx["args"], ctx["mode"], ctx["garage"]
+    mi = machine_info()
+    ver = ctx.get("versions") or versions(g, ctx["rawget"])
+    L = []
+    L.append("# Benchmark results\n")
+    L.append(f"Written by `bench/run.sh` (see [README.md](README.md) for how to run it and read this). "
+             f"Mode **{ctx['mode_name']}**, suites {', '.join(ctx['suites'])}, N = {m['runs']} runs per cell, "
+             "each cell the **median**; every mount is mounted afresh (cold) for every run.\n")
+    L.append(f"- Date: {started:%Y-%m-%d %H:%M} - {finished:%H:%M} UTC ({(finished - started).total_seconds() / 60:.1f} min)")
+    L.append(f"- Machine: {mi['cores']} cores ({mi['cpu']}), {mi['memory_gib']} GiB RAM, kernel {mi['kernel']}, {mi['os']}")
+    lv = [r.get("load") for runs in ctx["results"].values() if isinstance(runs, list) for r in runs if r.get("load") is not None]
+    L.append(f"- Load (1-min average, shared machine): {load_before:.2f} before, {load_after:.2f} after; "
+             f"{min(lv):.2f} - {max(lv):.2f} at the start of the measurements" if lv else
+             f"- Load: {load_before:.2f} before, {load_after:.2f} after")
+    L.append(f"- Data (bucket `{ctx['bucket']}`): {m['shards']} tar shards of {m['shard_size'] // MIB} MiB; "
+             f"tree/ {m['tree_dirs']} x {m['tree_per']} objects of 4-12 KiB; flat/ {m['flat']:,} objects of 4-12 KiB; "
+             f"jpeg/ {m['jpeg_dirs']} x {m['jpeg_per']} objects of 40-200 KB. Time caps: seq {m['seq_secs']} s, "
+             f"rand {m['rand_secs']} s, loader {m['loader_secs']} s, meta {m['meta_secs']} s.")
+    L.append("- Versions:")
+    for k, v in ver.items():
+        L.append(f"  - {k}: {v}")
+    L.append("")
+
+    notes = []
+
+    def note(text):
+        if text not in notes:
+            notes.append(text)
+        return f"[^{notes.index(text) + 1}]"
+
+    def cell(s, w, what):
+        if s in skipped:
+            return "n/a " + note(skipped[s])
+        t = table.get((s, w), {"error": "not measured"})
+        if "error" in t:
+            return "failed " + note(f"{s} / {w}: {t['error']}")
+        unit = WORKLOADS[w][2]
+        if what == "value":
+            base = table.get(("raw-get", w), {})
+            txt = fmt_value(t["median"], unit)
+            if s != "raw-get" and base.get("median"):
+                txt += f" ({t['median'] / base['median']:.2f}x)"
+            if t["partial"]:
+                txt += " " + note("Capped: the time cap ended the workload before all data was read; "
+                                  "the rate is over the part done.")
+            if t["failed"]:
+                txt += " " + note(f"{s} / {w}: {t['failed']} of {t['failed'] + t['n']} runs failed: {t['errors'][0]}")
+            return txt
+        if what == "requests":
+            if s == "local-disk":
+                return "n/a (no S3)"
+            return fmt_requests(t["requests"])
+        if what == "rss":
+            if s == "raw-get":
+                return "n/a (client, no daemon)"
+            if s == "local-disk":
+                return "n/a (kernel)"
+            return f"{t['rss_mib']:.0f}" if t.get("rss_mib") is not None else "? " + note("VmHWM unreadable")
+        raise ValueError(what)
+
+    head = "| workload | unit | " + " | ".join(systems) + " |"
+    sep = "|---|---|" + "---|" * len(systems)
+    L.append("## Throughput (median; in brackets the ratio to the raw-GET limit)\n")
+    L.append(head)
+    L.append(sep)
+    for w in workloads:
+        L.append(f"| {w} | {WORKLOADS[w][2]} | " + " | ".join(cell(s, w, "value") for s in systems) + " |")
+    L.append("")
+
+    # The limit must not be the bottleneck: >= 3x the slowest mount.
+    L.append("## Is the server the bottleneck?\n")
+    L.append("The raw-GET limit must be at least 3x the slowest mount in the same run; otherwise the "
+             "server, not the mounts, sets the pace.\n")
+    L.append("| workload | raw-GET limit | slowest mount | limit / slowest | verdict |")
+    L.append("|---|---|---|---|---|")
+    low = []
+    for w in workloads:
+        base = table.get(("raw-get", w), {})
+        ms = [(table[(s, w)]["median"], s) for s in systems if s in MOUNTS and s not in skipped
+              and "median" in table.get((s, w), {})]
+        if not base.get("median") or not ms:
+            L.append(f"| {w} | - | - | - | not measured |")
+            continue
+        lo, who = min(ms)
+        ratio = base["median"] / lo if lo > 0 else float("inf")
+        unit = WORKLOADS[w][2]
+        L.append(f"| {w} | {fmt_value(base['median'], unit)} {unit} | {fmt_value(lo, unit)} ({who}) | "
+                 f"{ratio:,.1f}x | {'ok' if ratio >= 3 else 'LIMIT TOO LOW'} |")
+        if ratio < 3:
+            low.append(w)
+    L.append("")
+    if low:
+        L.append(f"Where it says LIMIT TOO LOW ({', '.join(low)}), the slowest mount already gets more than a "
+                 "third of what the server can deliver to a bare client on this machine: the ratios of those rows "
+                 "are bounded by the server and the shared CPU (Garage, the FUSE daemon and the reader share the "
+                 "cores; Garage needs ~2.4-3.7 ms of CPU per MiB served), not only by the mounts. Compare the "
+                 "mounts with each other there, and measure on more cores (or with the server on another "
+                 "machine) for absolute ratios. See bench/README.md.\n")
+
+    L.append("## S3 requests per run (median, by type, counted by Garage)\n")
+    L.append(head)
+    L.append(sep)
+    for w in workloads:
+        L.append(f"| {w} | | " + " | ".join(cell(s, w, "requests") for s in systems) + " |")
+    L.append("")
+    L.append("## Daemon peak RSS, MiB (VmHWM, largest over the runs)\n")
+    L.append(head)
+    L.append(sep)
+    for w in workloads:
+        L.append(f"| {w} | MiB | " + " | ".join(cell(s, w, "rss") for s in systems) + " |")
+    L.append("")
+
+    L.append("## Exact commands\n")
+    L.append("```sh")
+    L.append(f"bench/run.sh {' '.join(ctx.get('argv', sys.argv[1:]))}".rstrip())
+    L.append("")
+    L.append("# server")
+    L.append("LD_PRELOAD=$BENCH_DIR/nodelay.so garage -c $BENCH_DIR/garage/garage.toml server"
+             "   # config written by bench/harness.py; nodelay.so from bench/nodelay/nodelay.c")
+    L.append("")
+    L.append("# mounts (one fresh mount per measurement; unmounted with `umount MNT`)")
+    for s in systems:
+        if s in MOUNTS and s not in skipped:
+            L.append(ctx["factories"][s]().shown)
+    L.append("")
+    L.append("# workloads (ROOT = the mount point, or $BENCH_DIR/data/MODE for local-disk)")
+    for w in workloads:
+        if WORKLOADS[w][1] == "fio":
+            cmd, _ = fio_cmd(w, "ROOT", secs_for(w, m), "OUT.json")
+            L.append(f"BENCH_ROOT=ROOT RUNTIME={secs_for(w, m)} " + " ".join(cmd).replace(HERE + "/", "bench/"))
+        else:
+            L.append(" ".join(py_cmd(w, "ROOT", m)).replace(HERE + "/", "bench/").replace(sys.executable, "python3"))
+    L.append("")
+    L.append("# the limit (AWS_* credentials and AWS_ENDPOINT_URL in the environment)")
+    for w in workloads:
+        L.append(" ".join(rawget_cmd(w, "bench/rawget/target/release/rawget", ctx["bucket"], m)))
+    L.append("```\n")
+
+    L.append("## All runs\n")
+    L.append("| workload | system | values (run order) |")
+    L.append("|---|---|---|")
+    for w in workloads:
+        for s in systems:
+            t = table.get((s, w), {})
+            if "values" in t:
+                L.append(f"| {w} | {s} | {', '.join(fmt_value(v, WORKLOADS[w][2]) for v in t['values'])} |")
+    L.append("")
+    if setup_log:
+        L.append("## Setup\n")
+        for line in setup_log:
+            L.append(f"- {line}")
+        L.append("")
+    if notes:
+        L.append("## Notes\n")
+        for i, n in enumerate(notes, 1):
+            L.append(f"[^{i}]: {n}")
+        L.append("")
+    with open(path, "w") as f:
+        f.write("\n".join(L))
+
+
+# ------------------------------------------------------------------ main
+
+
+def report_only(a):
+    """Rewrites RESULTS.md from a raw JSON of an earlier run (no server, no mounts)."""
+    with open(a.report) as f:
+        raw = json.load(f)
+    if "meta" not in raw:
+        # Raw runs written before the metadata was saved: rebuild it from the file.
+        keys = list(raw)
+        name = os.path.basename(a.report)
+        st = datetime.datetime.strptime(name.split("-")[0], "%Y%m%dT%H%M%S").replace(tzinfo=datetime.timezone.utc)
+        fin = datetime.datetime.fromtimestamp(os.path.getmtime(a.report), datetime.timezone.utc)
+        mode = name.split("-", 1)[1].removesuffix(".json")
+        systems = [s for s in SYSTEMS if any(k.startswith(s + "|") for k in keys)] + (
+            ["mount-s3"] if not shutil.which("mount-s3") else [])
+        workloads = [w for w in WORKLOADS if any(k.endswith("|" + w) for k in keys)]
+        loads = [r["load"] for v in raw.values() for r in v if "load" in r]
+        raw = {"results": raw, "meta": {
+            "mode": mode, "runs": max(len(v) for v in raw.values()), "suites": ["all"], "workloads": workloads,
+            "systems": systems, "started": st.isoformat(), "finished": fin.isoformat(),
+            "skipped": {} if shutil.which("mount-s3") else {"mount-s3": MOUNT_S3_MISSING},
+            "load_before": loads[0], "load_after": loads[-1], "setup_log": [], "argv": []}}
+    meta = raw["meta"]
+    started = datetime.datetime.fromisoformat(meta["started"])
+    finished = datetime.datetime.fromisoformat(meta["finished"])
+    m = dict(MODES[meta["mode"]], runs=meta["runs"])
+    results = {tuple(k.split("|")): v for k, v in raw["results"].items()}
+    g = Garage(a.bench_dir, a.garage, a.port_base, None)
+    g.key_id, g.secret = "KEY", "SECRET"
+    bucket = f"lakebench-{meta['mode']}"
+    ctx = {"args": a, "mode": m, "mode_name": meta["mode"], "garage": g, "bucket": bucket, "rawget": a.rawget,
+           "suites": meta["suites"], "results": results, "factories": {}, "argv": meta.get("argv", []),
+           "versions": meta.get("versions")}
+    for s in meta["systems"]:
+        if s in MOUNTS and s not in meta["skipped"]:
+            ctx["factories"][s] = mount_factory(s, a, g, bucket, write_secrets=False)[0]
+    table = summarize(results, meta["workloads"], meta["systems"])
+    write_results(a.results, ctx, table, meta["workloads"], meta["systems"], meta["skipped"], started, finished,
+                  meta["load_before"], meta["load_after"], meta["setup_log"])
+    log(f"wrote {a.results} from {a.report}")
+    return 0
+
+
+def main():
+    p = argparse.ArgumentParser(description="lakemount benchmark harness (use bench/run.sh)")
+    p.add_argument("suites", nargs="*", help=f"suites: {', '.join(SUITES)}, all (default), or workload names")
+    p.add_argument("--quick", action="store_true", help="small data set and short caps, to try the harness")
+    p.add_argument("--runs", type=int, help="runs per cell (default 3)")
+    p.add_argument("--systems", help="comma-separated subset of " + ",".join(SYSTEMS))
+    p.add_argument("--bench-dir", default=os.environ.get("BENCH_DIR") or os.path.join(os.path.dirname(REPO), "bench-data"))
+    p.add_argument("--garage", default=os.environ.get("GARAGE_BIN") or shutil.which("garage") or os.path.expanduser("~/.cargo/bin/garage"))
+    p.add_argument("--rawget", default=os.path.join(HERE, "rawget", "target", "release", "rawget"))
+    p.add_argument("--nodelay", default=None,
+                   help="LD_PRELOAD shim that sets TCP_NODELAY in Garage (bench/nodelay/nodelay.c)")
+    p.add_argument("--port-base", type=int, default=int(os.environ.get("BENCH_PORT_BASE", "39800")))
+    p.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"))
+    p.add_argument("--report", metavar="RAW_JSON",
+                   help="only rewrite RESULTS.md from the raw runs of an earlier run ($BENCH_DIR/results/*.json)")
+    a = p.parse_args()
+    if a.report:
+        return report_only(a)
+    a.bench_dir = os.path.abspath(a.bench_dir)
+    if a.bench_dir.startswith(REPO + os.sep):
+        p.error(f"--bench-dir {a.bench_dir} is inside the checkout; keep the data outside it")
+
+    mode_name = "quick" if a.quick else "full"
+    m = dict(MODES[mode_name])
+    if a.runs:
+        m["runs"] = a.runs
+    wanted = a.suites or ["all"]
+    workloads = []
+    for s in wanted:
+        if s == "all":
+            workloads += list(WORKLOADS)
+        elif s in SUITES:
+            workloads += [w for w, v in WORKLOADS.items() if v[0] == s]
+        elif s in WORKLOADS:
+            workloads.append(s)
+        else:
+            p.error(f"unknown suite or workload {s!r}; suites: {', '.join(SUITES)}, all; workloads: {', '.join(WORKLOADS)}")
+    workloads = list(dict.fromkeys(workloads))
+    systems = a.systems.split(",") if a.systems else list(SYSTEMS)
+    for s in systems:
+        if s not in SYSTEMS:
+            p.error(f"unknown system {s!r}; systems: {', '.join(SYSTEMS)}")
+    if "raw-get" not in systems:
+        systems.insert(0, "raw-get")  # every ratio refers to it
+
+    os.makedirs(a.bench_dir, exist_ok=True)
+    tmp = os.path.join(a.bench_dir, "tmp")
+    os.makedirs(tmp, exist_ok=True)
+    bucket = f"lakebench-{mode_name}"
+    a.nodelay = a.nodelay or os.path.join(a.bench_dir, "nodelay.so")
+    preload = a.nodelay if a.nodelay and os.path.exists(a.nodelay) else None
+    if not preload:
+        log("WARNING: no TCP_NODELAY shim for Garage: small GETs will stall 40 ms each (see bench/nodelay/nodelay.c)")
+    g = Garage(a.bench_dir, a.garage, a.port_base, preload)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    load_before = loadavg()
+    log(f"mode {mode_name}, workloads {', '.join(workloads)}, systems {', '.join(systems)}, load {load_before:.2f}")
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+
+    setup_log = []
+    results = {}
+    try:
+        g.start()
+        t = time.monotonic()
+        data = make_data(a, mode_name, g, bucket, a.rawget)
+        setup_log.append(f"data sets ready in {time.monotonic() - t:.0f} s (generated and uploaded only when missing)")
+        ctx = {"args": a, "mode": m, "mode_name": mode_name, "garage": g, "bucket": bucket, "rawget": a.rawget,
+               "data": data, "tmp": tmp, "suites": wanted, "results": results, "factories": {},
+               "versions": versions(g, a.rawget)}
+        skipped = {}
+        for s in systems:
+            if s in MOUNTS:
+                f, why = mount_factory(s, a, g, bucket)
+                if f is None:
+                    skipped[s] = why
+                else:
+                    ctx["factories"][s] = f
+        for s, why in skipped.items():
+            log(f"{s}: {why}")
+        active = [s for s in systems if s not in skipped]
+        # Interleaved: for each workload, run 1 of every system, then run 2, ...
+        for w in workloads:
+            for i in range(m["runs"]):
+                for s in active:
+                    t = time.monotonic()
+                    try:
+                        r = measure(s, w, ctx)
+                        results.setdefault((s, w), []).append(r)
+                        log(f"{w:13} run {i + 1}/{m['runs']} {s:12} {fmt_value(r['value'], WORKLOADS[w][2]):>9} "
+                            f"{WORKLOADS[w][2]:9} {fmt_requests(r.get('requests', {}))[:60]:60} "
+                            f"rss {r.get('rss_mib') or 0:5.0f} MiB  ({time.monotonic() - t:.1f} s, load {r['load']:.1f})")
+                    except Exception as e:  # noqa: BLE001 - recorded next to the cell
+                        msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+                        results.setdefault((s, w), []).append({"error": msg})
+                        log(f"{w:13} run {i + 1}/{m['runs']} {s:12} FAILED: {msg}")
+        finished = datetime.datetime.now(datetime.timezone.utc)
+        load_after = loadavg()
+        raw = os.path.join(a.bench_dir, "results", f"{started:%Y%m%dT%H%M%S}-{mode_name}.json")
+        os.makedirs(os.path.dirname(raw), exist_ok=True)
+        meta = {"mode": mode_name, "runs": m["runs"], "suites": wanted, "workloads": workloads, "systems": systems,
+                "skipped": skipped, "started": started.isoformat(), "finished": finished.isoformat(),
+                "load_before": load_before, "load_after": load_after, "setup_log": setup_log, "argv": sys.argv[1:],
+                "versions": ctx["versions"]}
+        with open(raw, "w") as f:
+            json.dump({"meta": meta, "results": {f"{s}|{w}": v for (s, w), v in results.items()}}, f, indent=1)
+        table = summarize(results, workloads, systems)
+        write_results(a.results, ctx, table, workloads, systems, skipped, started, finished, load_before, load_after,
+                      setup_log)
+        log(f"wrote {a.results} (raw runs: {raw}) in {(finished - started).total_seconds() / 60:.1f} min")
+    finally:
+        # Nothing stays mounted, nothing stays running.
+        mroot = os.path.join(a.bench_dir, "mnt")
+        if os.path.isdir(mroot):
+            for d in os.listdir(mroot):
+                mp_ = os.path.join(mroot, d)
+                if os.path.ismount(mp_):
+                    log(f"unmounting leftover {mp_}")
+                    run(["umount", "-l", mp_], check=False)
+        g.stop()
+        # rclone's cache of the last rclone-full measurement (up to the whole data set).
+        shutil.rmtree(os.path.join(a.bench_dir, "rclone-cache"), ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as e:
+        log(f"interrupted ({e}); cleaned up")
+        sys.exit(130)

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# lakemount benchmark: bench/run.sh [--quick] [--runs N] [--systems a,b] [SUITE|WORKLOAD ...]
+#
+# Suites: seq rand loader meta all (default: all). Writes bench/RESULTS.md.
+# Data, Garage, mount points and logs live in $BENCH_DIR (default: ../bench-data
+# next to this checkout, never inside it). Run as root (FUSE mounts, apt-get).
+# Not part of CI. See bench/README.md.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+export BENCH_DIR=${BENCH_DIR:-$(dirname "$repo")/bench-data}
+mkdir -p "$BENCH_DIR"
+
+say() { echo "[bench] $*" >&2; }
+
+# Safety net if the driver dies hard: unmount whatever is still mounted under
+# $BENCH_DIR/mnt and stop the Garage this harness started (by its pid file).
+cleanup() {
+    local m pid
+    for m in "$BENCH_DIR"/mnt/*; do
+        if mountpoint -q "$m" 2>/dev/null; then say "unmounting $m"; umount -l "$m" || true; fi
+    done
+    if [[ -f $BENCH_DIR/garage/garage.pid ]]; then
+        pid=$(cat "$BENCH_DIR/garage/garage.pid")
+        if [[ -n $pid ]] && grep -qa "$BENCH_DIR/garage/garage.toml" "/proc/$pid/cmdline" 2>/dev/null; then
+            say "stopping Garage (pid $pid)"; kill "$pid" || true
+        fi
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM   # replaced below while the driver runs
+
+# 1. Tools from Debian (only what is missing).
+missing=()
+command -v fio >/dev/null || missing+=(fio)
+command -v rclone >/dev/null || missing+=(rclone)
+command -v s3fs >/dev/null || missing+=(s3fs)
+command -v python3 >/dev/null || missing+=(python3)
+command -v fusermount3 >/dev/null || missing+=(fuse3)
+command -v cc >/dev/null || missing+=(gcc libc6-dev)
+if ((${#missing[@]})); then
+    say "apt-get install ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
+fi
+
+# 2. Garage, the S3 server: built once from crates.io (about 20 minutes on 2 cores).
+garage_bin=${GARAGE_BIN:-$(command -v garage || true)}
+if [[ -z $garage_bin && -x $HOME/.cargo/bin/garage ]]; then garage_bin=$HOME/.cargo/bin/garage; fi
+if [[ -z $garage_bin ]]; then
+    say "garage not found: cargo install garage --locked (about 20 minutes, once)"
+    cargo install garage --locked >&2
+    garage_bin=$HOME/.cargo/bin/garage
+fi
+export GARAGE_BIN=$garage_bin
+
+# 3. lakemount and the raw-GET client, release builds.
+say "cargo build --release (lakemount)"
+(cd "$repo" && cargo build --release --quiet --bin lakemount)
+say "cargo build --release (bench/rawget)"
+cargo build --release --quiet --manifest-path "$here/rawget/Cargo.toml"
+
+# The TCP_NODELAY shim Garage is started with (see bench/nodelay/nodelay.c).
+cc -shared -fPIC -O2 -o "$BENCH_DIR/nodelay.so" "$here/nodelay/nodelay.c" -ldl
+
+# 4. The measurements. On INT/TERM the driver gets SIGTERM and cleans up
+# (unmounts, stops Garage) before this script exits.
+python3 "$here/harness.py" "$@" &
+driver=$!
+trap 'kill -TERM "$driver" 2>/dev/null || true' INT TERM
+status=0
+wait "$driver" || status=$?
+if kill -0 "$driver" 2>/dev/null; then wait "$driver" || status=$?; fi
+exit "$status"

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Python data-loader workloads of the benchmark harness (stdlib only).
+
+Each command reads through ROOT (a mount point, or the local copy of the data
+set) and prints one JSON line: bytes, files, entries, secs and rates.
+
+  loader-tar   --root R --shards K1,K2,.. --secs S
+      one worker process per shard walks it sample by sample with tarfile's
+      streaming reader (as WebDataset does) and reads every member.
+  loader-small --root R --dirs D --per-dir M --workers W --secs S [--seed 1]
+      W worker processes open and read whole JPEG-sized files jpeg/dNNN/fNNNN.jpg
+      in a shuffled order (the names come from the data set's index, as a
+      training list file gives them: no directory listing first).
+  meta         --root R --sub tree|flat --secs S
+      os.walk over ROOT/SUB plus os.stat of every file.
+  evict        PATH...
+      drops the page cache of every file under PATH (posix_fadvise DONTNEED),
+      so the local-disk runs read from the disk, not from memory.
+
+Every workload stops starting new work after --secs seconds; the rate is over
+the time actually spent, and "complete" says whether everything was read.
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import sys
+import tarfile
+import threading
+import time
+
+MIB = 1048576
+
+
+def _tar_worker(path, deadline, start_evt, out):
+    start_evt.wait()
+    nbytes = files = 0
+    complete = True
+    with open(path, "rb", buffering=1 << 20) as f:
+        with tarfile.open(fileobj=f, mode="r|") as tf:
+            for m in tf:
+                if time.monotonic() >= deadline:
+                    complete = False
+                    break
+                if not m.isfile():
+                    continue
+                data = tf.extractfile(m).read()
+                nbytes += len(data)
+                files += 1
+    out.put((nbytes, files, complete, time.monotonic()))
+
+
+def _small_worker(paths, deadline, start_evt, out):
+    start_evt.wait()
+    nbytes = files = 0
+    complete = True
+    for p in paths:
+        if time.monotonic() >= deadline:
+            complete = False
+            break
+        with open(p, "rb") as f:
+            nbytes += len(f.read())
+        files += 1
+    out.put((nbytes, files, complete, time.monotonic()))
+
+
+def _run_workers(target, arglists, secs):
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    start_evt = ctx.Event()
+    # Workers get the deadline once started; it is set relative to the start below.
+    t0 = time.monotonic() + 0.5
+    deadline = t0 + secs
+    procs = [ctx.Process(target=target, args=(*a, deadline, start_evt, out)) for a in arglists]
+    for p in procs:
+        p.start()
+    while time.monotonic() < t0:
+        time.sleep(0.01)
+    start = time.monotonic()
+    start_evt.set()
+    results = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
+    end = max(r[3] for r in results)
+    secs_used = end - start
+    nbytes = sum(r[0] for r in results)
+    files = sum(r[1] for r in results)
+    return {
+        "bytes": nbytes,
+        "files": files,
+        "secs": round(secs_used, 4),
+        "mib_per_s": round(nbytes / secs_used / MIB, 2),
+        "files_per_s": round(files / secs_used, 1),
+        "complete": all(r[2] for r in results),
+        "workers": len(procs),
+    }
+
+
+def loader_tar(a):
+    shards = [os.path.join(a.root, k) for k in a.shards.split(",") if k]
+    return _run_workers(_tar_worker, [(p,) for p in shards], a.secs)
+
+
+def loader_small(a):
+    names = [
+        os.path.join(a.root, "jpeg", f"d{d:03}", f"f{i:04}.jpg")
+        for d in range(a.dirs)
+        for i in range(a.per_dir)
+    ]
+    random.Random(a.seed).shuffle(names)
+    return _run_workers(_small_worker, [(names[w :: a.workers],) for w in range(a.workers)], a.secs)
+
+
+def meta(a):
+    top = os.path.join(a.root, a.sub)
+    state = {"entries": 0, "files": 0, "dirs": 0, "done": False, "error": None}
+
+    def walk():
+        try:
+            for dirpath, dirnames, filenames in os.walk(top):
+                state["dirs"] += 1
+                state["entries"] += len(dirnames)
+                for n in filenames:
+                    os.stat(os.path.join(dirpath, n))
+                    state["files"] += 1
+                    state["entries"] += 1
+                    if stop.is_set():
+                        return
+                if stop.is_set():
+                    return
+            state["done"] = True
+        except OSError as e:
+            state["error"] = str(e)
+
+    stop = threading.Event()
+    start = time.monotonic()
+    t = threading.Thread(target=walk, daemon=True)
+    t.start()
+    t.join(a.secs)
+    stop.set()
+    secs = time.monotonic() - start
+    res = {
+        "entries": state["entries"],
+        "files": state["files"],
+        "dirs": state["dirs"],
+        "secs": round(secs, 4),
+        "entries_per_s": round(state["entries"] / secs, 1),
+        "complete": state["done"],
+    }
+    if state["error"]:
+        res["error"] = state["error"]
+    # A walker stuck inside a slow readdir cannot be joined: leave without it.
+    print(json.dumps(res), flush=True)
+    os._exit(0 if not state["error"] else 1)
+
+
+def evict(a):
+    n = 0
+    for top in a.paths:
+        for dirpath, _, filenames in os.walk(top):
+            for name in filenames:
+                try:
+                    fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+                except OSError:
+                    continue
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    n += 1
+                finally:
+                    os.close(fd)
+    return {"evicted_files": n}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("loader-tar")
+    t.add_argument("--root", required=True)
+    t.add_argument("--shards", required=True)
+    t.add_argument("--secs", type=float, default=8)
+    s = sub.add_parser("loader-small")
+    s.add_argument("--root", required=True)
+    s.add_argument("--dirs", type=int, required=True)
+    s.add_argument("--per-dir", type=int, required=True)
+    s.add_argument("--workers", type=int, default=8)
+    s.add_argument("--secs", type=float, default=8)
+    s.add_argument("--seed", type=int, default=1)
+    m = sub.add_parser("meta")
+    m.add_argument("--root", required=True)
+    m.add_argument("--sub", required=True)
+    m.add_argument("--secs", type=float, default=15)
+    e = sub.add_parser("evict")
+    e.add_argument("paths", nargs="+")
+    a = p.parse_args()
+    fn = {"loader-tar": loader_tar, "loader-small": loader_small, "meta": meta, "evict": evict}[a.cmd]
+    print(json.dumps(fn(a)), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
