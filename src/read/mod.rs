@@ -18,8 +18,10 @@ pub struct ReadConfig {
     /// percent at loopback/LAN speeds while one failed part costs little to retry.
     pub part_size: u64,
     /// Window after open or a seek: what a random read fetches at least.
-    /// 256 KiB covers one kernel read-ahead request (128 KiB) twice; a
-    /// Parquet footer or a tar header costs one small GET.
+    /// 64 KiB: a random 4 KiB read costs about what a 4 KiB GET costs (the
+    /// benchmark measured 256 KiB random GETs at ~0.6x the rate of 4 KiB ones,
+    /// bench/RESULTS.md), while a Parquet footer or a tar header still fits.
+    /// Sequential readers double it from here.
     pub initial_window: u64,
     /// Largest read-ahead window per open file. 64 MiB is 8 parts in flight,
     /// enough to fill a 10 Gbit/s link at 50 ms per GET.
@@ -39,7 +41,7 @@ impl Default for ReadConfig {
     fn default() -> Self {
         Self {
             part_size: 8 << 20,
-            initial_window: 256 << 10,
+            initial_window: 64 << 10,
             max_window: 64 << 20,
             memory_budget: None,
             kernel_read_ahead: 1 << 20,
