@@ -257,6 +257,45 @@ fn metrics_endpoint_counts_s3_requests() {
     }
 }
 
+/// TCP ports process `pid` listens on (from /proc/PID/fd and /proc/net/tcp{,6}).
+fn listening_ports(pid: u32) -> Vec<u16> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_str()?.to_string();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let mut ports = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // Columns: sl local_address rem_address st ... inode (10th); 0A = LISTEN.
+            if f.len() > 9 && f[3] == "0A" && inodes.iter().any(|i| i == f[9]) {
+                let port = f[1].rsplit(':').next().unwrap();
+                ports.push(u16::from_str_radix(port, 16).unwrap());
+            }
+        }
+    }
+    ports
+}
+
+#[test]
+fn no_listening_socket_without_metrics_addr() {
+    // 9000 is the default port of the metrics library's listener and of MinIO:
+    // a mount must come up while something else holds it (CI failed on this
+    // when two mounts started at once).
+    let _held = std::net::TcpListener::bind("0.0.0.0:9000");
+    let b = bucket("nolisten");
+    server().put(&b, "a", "x");
+    let m = Mount::new(&b, &[]);
+    assert_eq!(std::fs::read(m.p("a")).unwrap(), b"x");
+    let pid = m.child.as_ref().unwrap().id();
+    assert_eq!(listening_ports(pid), Vec::<u16>::new(), "{}", m.log());
+}
+
 #[test]
 fn custom_ca_bundle_for_https_endpoint() {
     let (tls, ca) = TestServer::start_tls_background().unwrap();

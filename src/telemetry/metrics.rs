@@ -58,23 +58,29 @@ pub fn install(addr: Option<SocketAddr>) -> anyhow::Result<()> {
     if HANDLE.get().is_some() {
         return Ok(());
     }
-    let mut builder = PrometheusBuilder::new();
-    if let Some(addr) = addr {
-        builder = builder.with_http_listener(addr);
-    }
-    let (recorder, exporter) = builder
+    // Without `addr` only the recorder is built: `PrometheusBuilder::build`
+    // would bind its default listener (0.0.0.0:9000, the port MinIO uses by
+    // default) even when nobody asked for an endpoint.
+    let Some(addr) = addr else {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        if metrics::set_global_recorder(recorder).is_ok() {
+            let _ = HANDLE.set(handle);
+        }
+        return Ok(());
+    };
+    let (recorder, exporter) = PrometheusBuilder::new()
+        .with_http_listener(addr)
         .build()
         .map_err(|e| anyhow::anyhow!("telemetry.metrics_addr: {e}"))?;
     let handle = recorder.handle();
     if metrics::set_global_recorder(recorder).is_ok() {
         let _ = HANDLE.set(handle);
-        if addr.is_some() {
-            tokio::spawn(async move {
-                if let Err(e) = exporter.await {
-                    tracing::error!("metrics endpoint stopped: {e:?}");
-                }
-            });
-        }
+        tokio::spawn(async move {
+            if let Err(e) = exporter.await {
+                tracing::error!("metrics endpoint stopped: {e:?}");
+            }
+        });
     }
     Ok(())
 }
