@@ -1,6 +1,7 @@
 //! Composition root: config -> store -> fs -> FUSE session; signals; ordered
 //! shutdown. `run_mount` is what `lakemount mount` does.
 
+use crate::cache::Cache;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -107,13 +108,27 @@ impl Mounted {
             probe(&store, source, config).await?;
             anyhow::Ok(store)
         })?;
-        let fs = Arc::new(Fs::new(
-            Arc::new(store),
-            &source.prefix,
-            &config.mount,
-            config.metadata.clone(),
-            config.read.clone(),
-        ));
+        let cache = {
+            let _rt = rt.enter();
+            Cache::open(&source.bucket, &config.cache)?
+        };
+        if let Some(c) = &cache {
+            info!(
+                dir = %c.disk().root().display(),
+                block_size = c.block_size(),
+                "data cache on"
+            );
+        }
+        let fs = Arc::new(
+            Fs::new(
+                Arc::new(store),
+                &source.prefix,
+                &config.mount,
+                config.metadata.clone(),
+                config.read.clone(),
+            )
+            .with_cache(cache),
+        );
         if config.metadata.prefetch_tree {
             let fs = fs.clone();
             rt.spawn(async move {

@@ -87,6 +87,13 @@ pub struct MountArgs {
     #[arg(long, env = "LAKEMOUNT_METADATA_TTL", value_name = "SECS")]
     pub metadata_ttl: Option<f64>,
 
+    /// Cache file data on local disk in DIR (e.g. on NVMe) for epochs 2..N [cache.dir].
+    #[arg(long, env = "LAKEMOUNT_CACHE_DIR", value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Disk cache size limit: bytes, "20GiB", or "80%" of its file system [cache.max_size].
+    #[arg(long, env = "LAKEMOUNT_CACHE_MAX_SIZE", value_name = "SIZE", value_parser = crate::cache::Size::parse)]
+    pub cache_max_size: Option<crate::cache::Size>,
+
     /// Log filter (error, warn, info, debug, trace); RUST_LOG wins [telemetry.log_level].
     #[arg(long, env = "LAKEMOUNT_LOG_LEVEL", value_name = "LEVEL")]
     pub log_level: Option<String>,
@@ -213,6 +220,15 @@ impl MountArgs {
         }
         if let Some(v) = self.metadata_ttl {
             c.metadata.ttl_secs = v;
+        }
+        if let Some(dir) = &self.cache_dir {
+            c.cache.dir = Some(std::path::absolute(dir).map_err(|e| ConfigError::Invalid {
+                key: "cache.dir",
+                message: format!("{}: {e}", dir.display()),
+            })?);
+        }
+        if let Some(v) = self.cache_max_size {
+            c.cache.max_size = v;
         }
         if let Some(v) = &self.log_level {
             c.telemetry.log_level = v.clone();

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::cache::CacheConfig;
 use crate::fs::MountConfig;
 use crate::meta::MetaConfig;
 use crate::read::ReadConfig;
@@ -44,6 +45,8 @@ pub struct Config {
     pub metadata: MetaConfig,
     /// Read path.
     pub read: ReadConfig,
+    /// Data cache (memory and local disk).
+    pub cache: CacheConfig,
     /// Logging and metrics.
     pub telemetry: TelemetryConfig,
 }
@@ -129,6 +132,27 @@ impl Config {
                     "below read.part_size ({}); accepted: at least one part",
                     r.part_size
                 ),
+            );
+        }
+        let c = &self.cache;
+        if !(4096..=(64 << 20)).contains(&c.block_size) || !c.block_size.is_power_of_two() {
+            return bad(
+                "cache.block_size",
+                format!(
+                    "{}; accepted: a power of two from 4096 to 67108864 bytes",
+                    c.block_size
+                ),
+            );
+        }
+        if c.ttl_secs == 0 {
+            return bad("cache.ttl_secs", "0; accepted: at least 1 second".into());
+        }
+        if let Some(dir) = &c.dir
+            && !dir.is_absolute()
+        {
+            return bad(
+                "cache.dir",
+                format!("{}; accepted: an absolute path", dir.display()),
             );
         }
         let m = &self.mount;

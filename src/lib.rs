@@ -11,6 +11,7 @@
 //! - [`telemetry`]: logging and metrics.
 
 pub mod app;
+pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod daemon;

@@ -3,6 +3,7 @@
 
 pub mod error;
 
+use crate::cache::Cache;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -110,6 +111,7 @@ pub struct Fs<S> {
     meta: Meta<S>,
     read_config: ReadConfig,
     budget: MemoryBudget,
+    cache: Option<Arc<Cache>>,
     uid: u32,
     gid: u32,
     file_mode: u16,
@@ -140,6 +142,7 @@ impl<S: ObjectStore> Fs<S> {
             store,
             budget: MemoryBudget::new(read.budget_bytes()),
             read_config: read,
+            cache: None,
             uid: mount.uid.unwrap_or(uid),
             gid: mount.gid.unwrap_or(gid),
             file_mode: mount.file_mode & 0o7777,
@@ -149,6 +152,17 @@ impl<S: ObjectStore> Fs<S> {
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
         }
+    }
+
+    /// Reads go through the data cache `cache` (memory and disk tiers).
+    pub fn with_cache(mut self, cache: Option<Arc<Cache>>) -> Self {
+        self.cache = cache;
+        self
+    }
+
+    /// The data cache, when one is configured.
+    pub fn cache(&self) -> Option<&Arc<Cache>> {
+        self.cache.as_ref()
     }
 
     /// How long the kernel may cache entries and attributes.
@@ -262,13 +276,14 @@ impl<S: ObjectStore> Fs<S> {
             return Err(FsError::IsDir);
         }
         let keep_cache = self.meta.inodes.swap_cached_etag(ino, &attr.etag);
-        let reader = Reader::new(
+        let reader = Reader::with_cache(
             self.store.clone(),
             &attr.key,
             &attr.etag,
             attr.size,
             self.read_config.clone(),
             self.budget.clone(),
+            self.cache.clone(),
         );
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.files.lock().unwrap().insert(fh, Arc::new(reader));

@@ -26,6 +26,7 @@ use futures::future::{BoxFuture, Shared};
 
 use super::ReadConfig;
 use super::budget::{MemoryBudget, ReaderGuard, Reservation};
+use crate::cache::Cache;
 use crate::store::{ObjectStore, StoreError};
 use crate::telemetry::metrics as m;
 
@@ -71,6 +72,7 @@ pub struct Reader<S> {
     size: u64,
     config: ReadConfig,
     budget: MemoryBudget,
+    cache: Option<Arc<Cache>>,
     state: Mutex<State>,
     _guard: ReaderGuard,
 }
@@ -86,6 +88,19 @@ impl<S: ObjectStore> Reader<S> {
         config: ReadConfig,
         budget: MemoryBudget,
     ) -> Self {
+        Self::with_cache(store, key, etag, size, config, budget, None)
+    }
+
+    /// [`Reader::new`] reading through the data cache `cache` when given.
+    pub fn with_cache(
+        store: Arc<S>,
+        key: &str,
+        etag: &str,
+        size: u64,
+        config: ReadConfig,
+        budget: MemoryBudget,
+        cache: Option<Arc<Cache>>,
+    ) -> Self {
         let window = config.initial_window.max(1);
         Self {
             store,
@@ -95,6 +110,7 @@ impl<S: ObjectStore> Reader<S> {
             config,
             _guard: budget.register_reader(),
             budget,
+            cache,
             state: Mutex::new(State {
                 parts: VecDeque::new(),
                 window,
@@ -235,7 +251,14 @@ impl<S: ObjectStore> Reader<S> {
         let store = self.store.clone();
         let key = self.key.clone();
         let etag = self.etag.clone();
-        let task = tokio::spawn(async move { store.get_range(&key, start..end, &etag).await });
+        let cache = self.cache.clone();
+        let size = self.size;
+        let task = tokio::spawn(async move {
+            match cache {
+                Some(c) => c.get_range(&*store, &key, &etag, size, start..end).await,
+                None => store.get_range(&key, start..end, &etag).await,
+            }
+        });
         let abort = task.abort_handle();
         let data = async move {
             task.await

@@ -43,6 +43,31 @@ pub const META_NEGATIVE_CACHE: &str = "lakemount_meta_negative_cache_total";
 /// Histogram: time to list one whole directory (all pages), seconds.
 pub const META_LISTING_SECONDS: &str = "lakemount_meta_listing_seconds";
 
+/// Counter: cache block hits, label `tier` (memory, disk).
+pub const CACHE_HITS: &str = "lakemount_cache_hits_total";
+/// Counter: cache block misses (blocks fetched from S3 while the cache is on).
+pub const CACHE_MISSES: &str = "lakemount_cache_misses_total";
+/// Counter: bytes of blocks served while the cache is on, label `source`
+/// (memory, disk, s3).
+pub const CACHE_SERVED_BYTES: &str = "lakemount_cache_served_bytes_total";
+/// Histogram: time to read and verify one block from the disk cache, seconds.
+pub const CACHE_READ_SECONDS: &str = "lakemount_cache_read_seconds";
+/// Counter: pieces removed to make room (least recently used first).
+pub const CACHE_EVICTIONS: &str = "lakemount_cache_evictions_total";
+/// Counter: pieces removed because they were not read for `cache.ttl_secs`.
+pub const CACHE_EXPIRATIONS: &str = "lakemount_cache_expirations_total";
+/// Counter: corrupt or truncated pieces found and discarded (then refetched).
+pub const CACHE_BAD_PIECES: &str = "lakemount_cache_bad_pieces_total";
+/// Counter: blocks not cached, label `reason` (full: only recently read
+/// pieces could be evicted; queue_full: writes lag behind; io_error).
+pub const CACHE_SKIPPED: &str = "lakemount_cache_skipped_total";
+/// Gauge: bytes the disk cache holds (allocated size of its pieces).
+pub const CACHE_DISK_BYTES: &str = "lakemount_cache_disk_bytes";
+/// Gauge: the disk cache's size limit in force, bytes.
+pub const CACHE_LIMIT_BYTES: &str = "lakemount_cache_limit_bytes";
+/// Gauge: free bytes on the cache's file system.
+pub const CACHE_FS_FREE_BYTES: &str = "lakemount_cache_fs_free_bytes";
+
 /// `op` label of ListObjectsV2.
 pub const OP_LIST: &str = "LIST";
 /// `op` label of HeadObject.

@@ -1,0 +1,394 @@
+//! The data cache for epochs 2..N: fixed-size blocks of objects, kept in a
+//! memory tier (the hottest blocks) and on local disk ([`disk`]), keyed by
+//! bucket, key, **ETag** and block index, so a changed object can never be
+//! served from old data.
+//!
+//! A read of `[start, end)` is split into blocks of [`CacheConfig::block_size`]
+//! bytes. Blocks found in memory or on disk are served from there; each run of
+//! missing blocks is one ranged GET (pinned to the ETag with `If-Match`) of
+//! whole blocks, which then fills both tiers. A cache that fails (disk full,
+//! I/O error, directory gone) is skipped with a warning: readers only ever see
+//! S3's errors, never the cache's.
+
+pub mod disk;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::store::{ObjectStore, StoreError};
+use crate::telemetry::metrics as m;
+pub use disk::DiskCache;
+
+/// A size given in bytes or as a percentage of the cache's file system.
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(try_from = "SizeRepr")]
+pub enum Size {
+    /// Bytes.
+    Bytes(u64),
+    /// Percent (0-100) of the file system's total size.
+    Percent(f64),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SizeRepr {
+    Int(u64),
+    Str(String),
+}
+
+impl TryFrom<SizeRepr> for Size {
+    type Error = String;
+    fn try_from(r: SizeRepr) -> Result<Self, String> {
+        match r {
+            SizeRepr::Int(b) => Ok(Size::Bytes(b)),
+            SizeRepr::Str(s) => Size::parse(&s),
+        }
+    }
+}
+
+impl Size {
+    /// Parses `"12345"` (bytes), `"80%"`, or a number with a binary unit
+    /// (`"512MiB"`, `"20GiB"`, `"1TiB"`; also `K`, `M`, `G`, `T`).
+    /// Errors: a message naming what is accepted.
+    pub fn parse(s: &str) -> Result<Size, String> {
+        let t = s.trim();
+        let bad = || {
+            format!(
+                "{s:?}; accepted: bytes (e.g. 10737418240), a size like \"20GiB\", \
+                 or a percentage of the file system like \"80%\""
+            )
+        };
+        if let Some(p) = t.strip_suffix('%') {
+            let p: f64 = p.trim().parse().map_err(|_| bad())?;
+            if !(0.0..=100.0).contains(&p) {
+                return Err(bad());
+            }
+            return Ok(Size::Percent(p));
+        }
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: u64 = num.parse().map_err(|_| bad())?;
+        let shift = match unit.trim() {
+            "" | "B" => 0,
+            "K" | "KiB" => 10,
+            "M" | "MiB" => 20,
+            "G" | "GiB" => 30,
+            "T" | "TiB" => 40,
+            _ => return Err(bad()),
+        };
+        n.checked_mul(1 << shift).map(Size::Bytes).ok_or_else(bad)
+    }
+
+    /// Bytes this size stands for on a file system of `fs_total` bytes.
+    pub fn bytes(&self, fs_total: u64) -> u64 {
+        match *self {
+            Size::Bytes(b) => b,
+            Size::Percent(p) => (fs_total as f64 * p / 100.0) as u64,
+        }
+    }
+}
+
+/// `[cache]` of the config file.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Directory of the disk cache (local NVMe). `None`: no data cache at all
+    /// (neither tier). Created with mode 0700 when missing.
+    pub dir: Option<PathBuf>,
+    /// Most bytes the disk cache may hold (pieces' allocated size), or a
+    /// percentage of the cache's file system. Default `"80%"`.
+    pub max_size: Size,
+    /// Free space always left on the cache's file system for others, bytes or
+    /// percent; the cache shrinks when others fill the disk. Default `"5%"`.
+    pub min_free: Size,
+    /// A cached block not read for this long is removed, seconds. Default
+    /// 259200 (3 days): longer than an epoch of any training job we know of
+    /// (hours), and a job paused over a weekend still finds its data; data of
+    /// jobs that ended does not stay forever.
+    pub ttl_secs: u64,
+    /// Block size, bytes: the unit of caching and of GETs while the cache is
+    /// on. 1 MiB (what Mountpoint for S3 uses too): a random 4 KiB read costs
+    /// one 1 MiB GET, a sequential stream is not slowed by per-block overhead.
+    pub block_size: u64,
+    /// Memory tier for the hottest blocks, bytes. Default 256 MiB. 0: none.
+    pub memory_size: u64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            max_size: Size::Percent(80.0),
+            min_free: Size::Percent(5.0),
+            ttl_secs: 3 * 24 * 3600,
+            block_size: 1 << 20,
+            memory_size: 256 << 20,
+        }
+    }
+}
+
+/// Identity of one object version: the first 16 bytes of
+/// SHA-256(bucket NUL key NUL etag).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectId(pub [u8; 16]);
+
+impl ObjectId {
+    /// The id of `key` at `etag` in `bucket`.
+    pub fn new(bucket: &str, key: &str, etag: &str) -> Self {
+        let mut h = Sha256::new();
+        h.update(bucket.as_bytes());
+        h.update([0]);
+        h.update(key.as_bytes());
+        h.update([0]);
+        h.update(etag.as_bytes());
+        let d = h.finalize();
+        let mut id = [0; 16];
+        id.copy_from_slice(&d[..16]);
+        ObjectId(id)
+    }
+
+    /// 32 lowercase hex digits.
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// One cached block: an object version and a block index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PieceKey {
+    /// The object version.
+    pub obj: ObjectId,
+    /// Block index (offset / block size).
+    pub idx: u64,
+}
+
+/// Where the bytes of a read came from (metric label `source`).
+const SRC_MEMORY: &str = "memory";
+const SRC_DISK: &str = "disk";
+const SRC_S3: &str = "s3";
+
+/// The data cache of one mount: memory tier plus disk tier.
+pub struct Cache {
+    bucket: String,
+    block_size: u64,
+    memory: Option<moka::sync::Cache<PieceKey, Bytes>>,
+    disk: Arc<DiskCache>,
+}
+
+impl Cache {
+    /// Opens (creating) the cache for `bucket` in `config.dir`. Errors: the
+    /// directory cannot be created or is used by another running lakemount.
+    pub fn open(bucket: &str, config: &CacheConfig) -> anyhow::Result<Option<Arc<Self>>> {
+        let Some(dir) = &config.dir else {
+            return Ok(None);
+        };
+        let disk = DiskCache::open(dir, config)?;
+        let memory = (config.memory_size > 0).then(|| {
+            moka::sync::Cache::builder()
+                .max_capacity(config.memory_size)
+                .weigher(|_: &PieceKey, v: &Bytes| v.len().try_into().unwrap_or(u32::MAX))
+                .build()
+        });
+        Ok(Some(Arc::new(Self {
+            bucket: bucket.to_string(),
+            block_size: config.block_size,
+            memory,
+            disk,
+        })))
+    }
+
+    /// The disk tier.
+    pub fn disk(&self) -> &Arc<DiskCache> {
+        &self.disk
+    }
+
+    /// Block size, bytes.
+    pub fn block_size(&self) -> u64 {
+        self.block_size
+    }
+
+    /// The id of `key` at `etag` in this mount's bucket.
+    pub fn object_id(&self, key: &str, etag: &str) -> ObjectId {
+        ObjectId::new(&self.bucket, key, etag)
+    }
+
+    /// Bytes of block `idx` of an object of `size` bytes.
+    fn block_len(&self, size: u64, idx: u64) -> u64 {
+        (size - idx * self.block_size).min(self.block_size)
+    }
+
+    /// Bytes of `key` at `etag` (`size` bytes) held on disk or in memory now.
+    pub fn cached_bytes(&self, key: &str, etag: &str, size: u64) -> u64 {
+        let obj = self.object_id(key, etag);
+        let blocks = size.div_ceil(self.block_size);
+        (0..blocks)
+            .filter(|&idx| {
+                let pk = PieceKey { obj, idx };
+                self.memory.as_ref().is_some_and(|m| m.contains_key(&pk)) || self.disk.contains(pk)
+            })
+            .map(|idx| self.block_len(size, idx))
+            .sum()
+    }
+
+    /// Reads `range` (bytes, end exclusive, within `size`) of `key` at `etag`
+    /// through the cache. Errors: only the store's (a failing cache falls back
+    /// to the store); [`StoreError::PreconditionFailed`] when the object changed.
+    pub async fn get_range<S: ObjectStore>(
+        self: &Arc<Self>,
+        store: &S,
+        key: &str,
+        etag: &str,
+        size: u64,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, StoreError> {
+        debug_assert!(range.start < range.end && range.end <= size);
+        let bs = self.block_size;
+        let obj = self.object_id(key, etag);
+        let first = range.start / bs;
+        let last = (range.end - 1) / bs;
+        let mut blocks: Vec<Option<Bytes>> = vec![None; (last - first + 1) as usize];
+        let mut on_disk = Vec::new();
+        for (i, slot) in blocks.iter_mut().enumerate() {
+            let pk = PieceKey {
+                obj,
+                idx: first + i as u64,
+            };
+            if let Some(b) = self.memory.as_ref().and_then(|m| m.get(&pk)) {
+                metrics::counter!(m::CACHE_HITS, "tier" => SRC_MEMORY).increment(1);
+                served(SRC_MEMORY, b.len() as u64, None);
+                *slot = Some(b);
+            } else {
+                on_disk.push((i, pk));
+            }
+        }
+        if !on_disk.is_empty() {
+            let disk = self.disk.clone();
+            let want: Vec<(usize, PieceKey, u64)> = on_disk
+                .iter()
+                .map(|&(i, pk)| (i, pk, self.block_len(size, pk.idx)))
+                .collect();
+            let found = tokio::task::spawn_blocking(move || {
+                want.into_iter()
+                    .map(|(i, pk, len)| (i, pk, disk.read(pk, len)))
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .unwrap_or_default();
+            for (i, pk, got) in found {
+                if let Some(b) = got {
+                    metrics::counter!(m::CACHE_HITS, "tier" => SRC_DISK).increment(1);
+                    if let Some(mem) = &self.memory {
+                        mem.insert(pk, b.clone());
+                    }
+                    blocks[i] = Some(b);
+                }
+            }
+        }
+        // Runs of missing blocks: one ranged GET each, concurrently.
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for (i, b) in blocks.iter().enumerate() {
+            if b.is_none() {
+                match runs.last_mut() {
+                    Some((_, end)) if *end == i => *end = i + 1,
+                    _ => runs.push((i, i + 1)),
+                }
+            }
+        }
+        if !runs.is_empty() {
+            let fetches = runs.iter().map(|&(a, b)| {
+                let start = (first + a as u64) * bs;
+                let end = ((first + b as u64) * bs).min(size);
+                async move { (a, store.get_range(key, start..end, etag).await) }
+            });
+            for (a, res) in futures::future::join_all(fetches).await {
+                let data = res?;
+                let mut off = 0usize;
+                let mut i = a;
+                while off < data.len() {
+                    let idx = first + i as u64;
+                    let len = self.block_len(size, idx) as usize;
+                    let piece = data.slice(off..(off + len).min(data.len()));
+                    metrics::counter!(m::CACHE_MISSES).increment(1);
+                    served(SRC_S3, piece.len() as u64, None);
+                    let pk = PieceKey { obj, idx };
+                    if let Some(mem) = &self.memory {
+                        mem.insert(pk, piece.clone());
+                    }
+                    self.disk.admit(pk, piece.clone());
+                    blocks[i] = Some(piece);
+                    off += len;
+                    i += 1;
+                }
+            }
+        }
+        // Cut the requested range out of the blocks.
+        let mut out = BytesMut::with_capacity((range.end - range.start) as usize);
+        let mut single = None;
+        for (i, b) in blocks.into_iter().enumerate() {
+            let b = b.ok_or_else(|| StoreError::Other("cache: block missing".into()))?;
+            let bstart = (first + i as u64) * bs;
+            let from = range.start.saturating_sub(bstart) as usize;
+            let to = ((range.end - bstart) as usize).min(b.len());
+            if from >= to {
+                continue;
+            }
+            let part = b.slice(from..to);
+            if first == last {
+                single = Some(part);
+            } else {
+                out.extend_from_slice(&part);
+            }
+        }
+        let result = single.unwrap_or_else(|| out.freeze());
+        if result.len() as u64 != range.end - range.start {
+            return Err(StoreError::Transient(format!(
+                "GET {key}: got {} bytes for {}..{}",
+                result.len(),
+                range.start,
+                range.end
+            )));
+        }
+        Ok(result)
+    }
+}
+
+/// Records a cache read latency sample (seconds) and source bytes.
+pub(crate) fn served(source: &'static str, bytes: u64, started: Option<Instant>) {
+    metrics::counter!(m::CACHE_SERVED_BYTES, "source" => source).increment(bytes);
+    if let Some(t) = started {
+        metrics::histogram!(m::CACHE_READ_SECONDS).record(t.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(Size::parse("80%").unwrap(), Size::Percent(80.0));
+        assert_eq!(Size::parse("512MiB").unwrap(), Size::Bytes(512 << 20));
+        assert_eq!(Size::parse("20G").unwrap(), Size::Bytes(20 << 30));
+        assert_eq!(Size::parse("4096").unwrap(), Size::Bytes(4096));
+        for bad in ["", "12 apples", "150%", "-1", "1.5GiB", "%"] {
+            assert!(Size::parse(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(Size::Percent(50.0).bytes(1000), 500);
+    }
+
+    #[test]
+    fn object_ids_differ_by_etag_and_key() {
+        let a = ObjectId::new("b", "k", "\"1\"");
+        assert_ne!(a, ObjectId::new("b", "k", "\"2\""));
+        assert_ne!(a, ObjectId::new("b", "k2", "\"1\""));
+        assert_ne!(a, ObjectId::new("c", "k", "\"1\""));
+        // The NUL separator: ("ab", "c") and ("a", "bc") are different objects.
+        assert_ne!(ObjectId::new("b", "ab", "c"), ObjectId::new("b", "a", "bc"));
+        assert_eq!(a.hex().len(), 32);
+    }
+}

@@ -1,0 +1,303 @@
+//! The data cache through a real mount: epoch 2 and restarts (also after
+//! `kill -9`) read from disk with no GET, the size limit holds under a data set
+//! larger than the cache, an overwrite of the same size is seen, corrupt and
+//! truncated pieces are refetched, and a full, vanished or shared cache
+//! directory never costs a reader anything but speed.
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Every piece file of the cache in `dir`.
+fn pieces(dir: &Path) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    let root = dir.join("lakemount-v1/pieces");
+    for d in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
+            v.push(f.path());
+        }
+    }
+    v.sort();
+    v
+}
+
+/// Waits until the cache in `dir` holds `n` pieces (writes are asynchronous).
+fn wait_pieces(dir: &Path, n: usize) {
+    let got = wait_for(Duration::from_secs(30), || pieces(dir).len() >= n);
+    assert!(
+        got.is_some(),
+        "cache holds {} pieces, expected {n}",
+        pieces(dir).len()
+    );
+}
+
+fn cache_toml(dir: &Path, extra: &str) -> String {
+    format!("[cache]\ndir = {:?}\n{extra}", dir.display().to_string())
+}
+
+/// Mounts `bucket` of `srv` with the cache in `dir`.
+fn mount_cached(srv: &TestServer, bucket: &str, dir: &Path, extra: &str) -> Mount {
+    MountSpec::new(bucket)
+        .server(srv)
+        .config(&cache_toml(dir, extra))
+        .mount()
+}
+
+fn read(m: &Mount, rel: &str) -> Vec<u8> {
+    std::fs::read(m.p(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}\n{}", m.log()))
+}
+
+#[test]
+fn epoch_two_and_a_restart_read_from_disk_with_no_get() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "epoch2");
+    let files: Vec<(String, Vec<u8>)> = [
+        ("shard-0.tar", 3 * (1 << 20) + 1500),
+        ("img/a.jpg", 9_000),
+        ("img/b.jpg", 1),
+        ("empty", 0),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, (k, n))| (k.to_string(), data(*n, i as u64 + 10)))
+    .collect();
+    for (k, d) in &files {
+        srv.put(&b, k, d.clone());
+    }
+    let dir = TempDir::new("cache-epoch2");
+    let cache = dir.0.join("c");
+    // Memory tier off: epoch 2 must come from the disk.
+    let extra = "memory_size = 0\n";
+    let m = mount_cached(&srv, &b, &cache, extra);
+    for (k, d) in &files {
+        assert!(read(&m, k) == *d, "epoch 1: {k} differs");
+    }
+    // 4 blocks of the shard + 2 small files; the empty file has none.
+    wait_pieces(&cache, 6);
+    let mode = std::fs::metadata(cache.join("lakemount-v1"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700, "cache directory mode {mode:o}");
+    drop(m);
+    srv.reset_counts();
+    let m = mount_cached(&srv, &b, &cache, extra);
+    for (k, d) in &files {
+        assert!(read(&m, k) == *d, "epoch 2: {k} differs");
+    }
+    assert_eq!(srv.request_count("GetObject"), 0, "{}", m.log());
+    assert_eq!(srv.request_count("HeadObject"), 0);
+}
+
+#[test]
+fn kill_9_then_remount_reuses_10000_pieces_within_5_seconds() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "kill9");
+    let n = 10_000;
+    let key = |i: usize| format!("d{:02}/f{i:05}.jpg", i % 50);
+    for i in 0..n {
+        srv.put(&b, &key(i), data(700 + i % 300, i as u64));
+    }
+    let dir = TempDir::new("cache-kill9");
+    let cache = dir.0.join("c");
+    let read_all = |m: &Mount| {
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                s.spawn(move || {
+                    for i in (t..n).step_by(8) {
+                        let got = read(m, &key(i));
+                        assert!(got == data(700 + i % 300, i as u64), "{} differs", key(i));
+                    }
+                });
+            }
+        });
+    };
+    let mut m = mount_cached(&srv, &b, &cache, "");
+    read_all(&m);
+    wait_pieces(&cache, n);
+    let mut child = m.child.take().unwrap();
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let _ = Command::new("umount").arg("-l").arg(m.path()).status();
+    srv.reset_counts();
+    let started = Instant::now();
+    let m = mount_cached(&srv, &b, &cache, "");
+    let up = started.elapsed();
+    assert!(up < Duration::from_secs(5), "remount took {up:?}");
+    read_all(&m);
+    assert_eq!(srv.request_count("GetObject"), 0, "{}", m.log());
+}
+
+#[test]
+fn size_limit_holds_under_a_data_set_three_times_larger() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "limit");
+    let max = 2u64 << 20;
+    let files: Vec<Vec<u8>> = (0..6).map(|i| data(1 << 20, 100 + i)).collect();
+    for (i, d) in files.iter().enumerate() {
+        srv.put(&b, &format!("f{i}"), d.clone());
+    }
+    let dir = TempDir::new("cache-limit");
+    let cache = dir.0.join("c");
+    let m = mount_cached(
+        &srv,
+        &b,
+        &cache,
+        &format!("max_size = {max}\nmin_free = 0\nblock_size = 65536\nmemory_size = 0\n"),
+    );
+    for _epoch in 0..2 {
+        for (i, d) in files.iter().enumerate() {
+            assert!(read(&m, &format!("f{i}")) == *d, "f{i} differs");
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let held: u64 = pieces(&cache)
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|md| md.blocks() * 512)
+        .sum();
+    assert!(held > 0, "nothing cached");
+    assert!(held <= max, "cache holds {held} bytes, limit {max}");
+}
+
+#[test]
+fn same_size_overwrite_is_read_new_after_the_metadata_ttl() {
+    let b = bucket("overwrite");
+    let old = data(200_000, 1);
+    let new = data(200_000, 2);
+    server().put(&b, "x.bin", old.clone());
+    let dir = TempDir::new("cache-overwrite");
+    let cache = dir.0.join("c");
+    let m = MountSpec::new(&b)
+        .config(&format!(
+            "[metadata]\nttl_secs = 1.0\n{}",
+            cache_toml(&cache, "")
+        ))
+        .mount();
+    assert!(read(&m, "x.bin") == old);
+    wait_pieces(&cache, 1);
+    server().put(&b, "x.bin", new.clone());
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        read(&m, "x.bin") == new,
+        "stale bytes served after overwrite"
+    );
+}
+
+#[test]
+fn corrupt_and_truncated_pieces_are_refetched() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "corrupt");
+    let d = data(4 * 65536, 5);
+    srv.put(&b, "x.bin", d.clone());
+    let dir = TempDir::new("cache-corrupt");
+    let cache = dir.0.join("c");
+    let extra = "block_size = 65536\nmemory_size = 0\n";
+    let m = mount_cached(&srv, &b, &cache, extra);
+    assert!(read(&m, "x.bin") == d);
+    wait_pieces(&cache, 4);
+    drop(m);
+    let by_idx = |idx: u64| {
+        pieces(&cache)
+            .into_iter()
+            .find(|p| p.to_str().unwrap().ends_with(&format!("-{idx}")))
+            .unwrap()
+    };
+    // Block 1: one bit flipped in the data. Block 3: cut short.
+    let p1 = by_idx(1);
+    let mut bytes = std::fs::read(&p1).unwrap();
+    bytes[1000] ^= 0x10;
+    std::fs::write(&p1, &bytes).unwrap();
+    let p3 = by_idx(3);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p3)
+        .unwrap()
+        .set_len(30_000)
+        .unwrap();
+    srv.reset_counts();
+    let m = mount_cached(&srv, &b, &cache, extra);
+    assert!(read(&m, "x.bin") == d, "bad piece served");
+    assert_eq!(srv.request_count("GetObject"), 2, "{}", m.log());
+    let log = m.log();
+    assert!(log.contains("failed its CRC32C check"), "{log}");
+    assert!(log.contains("truncated"), "{log}");
+}
+
+#[test]
+fn full_tmpfs_and_vanished_dir_still_give_right_bytes() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "tmpfs");
+    let files: Vec<Vec<u8>> = (0..8).map(|i| data(1 << 20, 200 + i)).collect();
+    for (i, d) in files.iter().enumerate() {
+        srv.put(&b, &format!("f{i}"), d.clone());
+    }
+    let dir = TempDir::new("cache-tmpfs");
+    let fs = dir.0.join("fs");
+    std::fs::create_dir(&fs).unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
+        .arg(&fs)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mount tmpfs");
+    struct Umount(PathBuf);
+    impl Drop for Umount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _umount = Umount(fs.clone());
+    let cache = fs.join("c");
+    let m = mount_cached(
+        &srv,
+        &b,
+        &cache,
+        "max_size = \"100%\"\nmin_free = 0\nblock_size = 65536\nmemory_size = 0\n",
+    );
+    // Someone else fills the file system after the cache measured it: writes
+    // hit ENOSPC.
+    let filler = fs.join("filler");
+    let _ = std::fs::write(&filler, vec![0u8; 1800 << 10]);
+    for (i, d) in files.iter().enumerate() {
+        assert!(
+            read(&m, &format!("f{i}")) == *d,
+            "f{i} differs (full cache)"
+        );
+    }
+    // The cache directory vanishes under the mount.
+    std::fs::remove_file(&filler).unwrap();
+    std::fs::remove_dir_all(&cache).unwrap();
+    for (i, d) in files.iter().enumerate() {
+        assert!(read(&m, &format!("f{i}")) == *d, "f{i} differs (dir gone)");
+    }
+    assert!(m.log().contains("reading from S3 instead"), "{}", m.log());
+}
+
+#[test]
+fn a_second_mount_on_the_same_cache_dir_is_refused() {
+    let b = bucket("shared-cache");
+    server().put(&b, "a", "x");
+    let dir = TempDir::new("cache-shared");
+    let cache = dir.0.join("c");
+    let _m = MountSpec::new(&b).config(&cache_toml(&cache, "")).mount();
+    let mnt = TempDir::new("cache-shared-2");
+    let o = lakemount_cmd(&server().endpoint())
+        .args(["mount", &format!("s3://{b}")])
+        .arg(&mnt.0)
+        .arg("--cache-dir")
+        .arg(&cache)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("cache.dir") && err.contains("in use by another running lakemount"),
+        "{err}"
+    );
+}
