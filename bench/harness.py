@@ -367,9 +367,13 @@ class Mount:
         self.proc = None
 
     def start(self, timeout=60):
-        os.makedirs(self.mnt, exist_ok=True)
-        if os.path.ismount(self.mnt):
+        # A daemon that died (or a killed earlier run) leaves its mount point
+        # "not connected": os.path.ismount says no, but it is in the mount table.
+        with open("/proc/self/mounts") as f:
+            stale = any(line.split()[1] == self.mnt for line in f if len(line.split()) > 1)
+        if stale or os.path.ismount(self.mnt):
             run(["umount", "-l", self.mnt], check=False)
+        os.makedirs(self.mnt, exist_ok=True)
         logf = open(self.logpath, "a")
         logf.write(f"\n==== {time.strftime('%F %T')} {self.shown}\n")
         logf.flush()

@@ -22,7 +22,35 @@ pub struct Cli {
 pub enum Command {
     /// Mount s3://BUCKET[/PREFIX] at MOUNTPOINT (read-only). Stays in the
     /// foreground until SIGINT/SIGTERM or `umount`, unless --daemon.
-    Mount(MountArgs),
+    Mount(Box<MountArgs>),
+    /// Fill the data cache of a running mount: read PATHs (files, or directories
+    /// recursively) through it in parallel, skipping what is cached already.
+    Warm(WarmArgs),
+}
+
+/// `lakemount warm` arguments.
+#[derive(Debug, Args)]
+pub struct WarmArgs {
+    /// Files or directories on a lakemount mount with a data cache.
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+    /// Files read at once.
+    #[arg(long, short = 'j', default_value_t = 8)]
+    pub jobs: usize,
+    /// Refuse (read nothing) when more than SIZE is to be fetched: bytes, "20GiB".
+    #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
+    pub max_bytes: Option<u64>,
+    /// Warm even when it is more than --max-bytes or than the cache can hold.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// A size in bytes: "4096", "512MiB", "20GiB" (no percentages).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    match crate::cache::Size::parse(s)? {
+        crate::cache::Size::Bytes(b) => Ok(b),
+        crate::cache::Size::Percent(_) => Err(format!("{s:?}: a size in bytes, not a percentage")),
+    }
 }
 
 /// `lakemount mount` arguments. Each option overrides the config file key named
@@ -285,7 +313,9 @@ mod tests {
             "-o",
             "allow_other,uid=12",
         ]);
-        let Command::Mount(args) = cli.command;
+        let Command::Mount(args) = cli.command else {
+            panic!("not a mount command")
+        };
         let c = args.to_config().unwrap();
         assert_eq!(c.metadata.ttl_secs, 7.0);
         assert_eq!(c.mount.file_mode, 0o600);

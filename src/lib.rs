@@ -7,6 +7,8 @@
 //! - [`fs`]: async POSIX operations, handles, errno mapping ([`fs::FsError`]).
 //! - [`meta`]: inode table, listing cache, name rules.
 //! - [`read`]: ranged GETs pinned to the ETag, sequential read-ahead.
+//! - [`cache`]: the data cache (memory and local-disk tiers) for epochs 2..N.
+//! - [`warm`]: `lakemount warm`, filling the cache of a running mount.
 //! - [`store`]: the [`store::ObjectStore`] trait; `store::s3` is the only SDK user.
 //! - [`telemetry`]: logging and metrics.
 
@@ -21,3 +23,4 @@ pub mod meta;
 pub mod read;
 pub mod store;
 pub mod telemetry;
+pub mod warm;

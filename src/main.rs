@@ -7,6 +7,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Mount(args) => lakemount::app::run_mount(args),
+        Command::Warm(args) => lakemount::warm::run_warm(args).map(|_| ()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

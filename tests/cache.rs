@@ -301,3 +301,78 @@ fn a_second_mount_on_the_same_cache_dir_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn warm_fills_the_cache_reports_and_guards_its_size() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "warm");
+    let files: Vec<(String, Vec<u8>)> = (0..12)
+        .map(|i| {
+            (
+                format!("set/d{}/f{i}.bin", i % 3),
+                data(100_000 + i * 1000, 300 + i as u64),
+            )
+        })
+        .collect();
+    for (k, d) in &files {
+        srv.put(&b, k, d.clone());
+    }
+    let dir = TempDir::new("cache-warm");
+    let cache = dir.0.join("c");
+    let extra = "memory_size = 0\n";
+    let m = mount_cached(&srv, &b, &cache, extra);
+    let warm = |args: &[&str]| {
+        lakemount_cmd(&srv.endpoint())
+            .arg("warm")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let set = m.p("set");
+    let set = set.to_str().unwrap();
+    // The size guard refuses before reading anything.
+    let o = warm(&[set, "--max-bytes", "100000"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--max-bytes"));
+    assert_eq!(srv.request_count("GetObject"), 0);
+    // Warm one file by name first, then the whole tree.
+    let one = m.p(&files[0].0);
+    let o = warm(&[one.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("warmed 1 files"));
+    wait_pieces(&cache, 1);
+    let o = warm(&[set, "-j", "4"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.starts_with("warmed 11 files") && out.contains("already cached: 1 files"),
+        "{out}"
+    );
+    wait_pieces(&cache, 12);
+    let o = warm(&[set]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.starts_with("warmed 0 files") && out.contains("already cached: 12 files"),
+        "{out}"
+    );
+    // The cache holds what warm fetched: a fresh mount reads it with no GET.
+    drop(m);
+    srv.reset_counts();
+    let m = mount_cached(&srv, &b, &cache, extra);
+    for (k, d) in &files {
+        assert!(read(&m, k) == *d, "{k} differs");
+    }
+    assert_eq!(srv.request_count("GetObject"), 0, "{}", m.log());
+    // Not a lakemount mount with a cache: a clear error.
+    let o = warm(&[dir.0.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("not on a lakemount mount with a data cache"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

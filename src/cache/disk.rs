@@ -224,6 +224,13 @@ impl DiskCache {
         self.index.lock().unwrap().total
     }
 
+    /// The size limit in force, bytes: `min(max_size, held + free - min_free)`.
+    pub fn limit_bytes(&self) -> u64 {
+        let mut ix = self.index.lock().unwrap();
+        self.refresh_limit(&mut ix, false);
+        ix.limit
+    }
+
     /// Reads piece `pk`, which must hold `len` data bytes. `None`: not cached,
     /// expired, or bad (a bad piece is removed and counted).
     pub fn read(&self, pk: PieceKey, len: u64) -> Option<Bytes> {

@@ -26,6 +26,9 @@ pub enum FsError {
     /// The object changed or vanished since it was opened.
     #[error("object changed since open")]
     Stale,
+    /// No such extended attribute.
+    #[error("no such attribute")]
+    NoAttr,
     /// An error of the object store.
     #[error("object store: {0}")]
     Store(#[from] StoreError),
@@ -43,6 +46,7 @@ impl FsError {
             FsError::ReadOnly => libc::EROFS,
             FsError::BadHandle => libc::EBADF,
             FsError::Stale => libc::ESTALE,
+            FsError::NoAttr => libc::ENODATA,
             FsError::Store(e) => match e {
                 StoreError::NotFound => libc::ENOENT,
                 StoreError::PreconditionFailed => libc::ESTALE,

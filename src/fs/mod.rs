@@ -123,6 +123,14 @@ pub struct Fs<S> {
     next_fh: AtomicU64,
 }
 
+/// Extended attribute: bytes of this file's current version held by the data
+/// cache (memory or disk), decimal. `lakemount warm` reads it.
+pub const XATTR_CACHED: &str = "user.lakemount.cached";
+/// Extended attribute: bytes the disk cache holds now, decimal.
+pub const XATTR_CACHE_USED: &str = "user.lakemount.cache_used";
+/// Extended attribute: the disk cache's size limit in force, bytes, decimal.
+pub const XATTR_CACHE_LIMIT: &str = "user.lakemount.cache_limit";
+
 /// `.` and `..` take offsets 1 and 2; entry `i` of a listing takes `i + 3`.
 const FIRST_ENTRY_OFFSET: u64 = 3;
 
@@ -257,6 +265,47 @@ impl<S: ObjectStore> Fs<S> {
                 self.meta.inodes.refresh(ino, &e).ok_or(FsError::NotFound)
             }
             _ => Err(FsError::NotFound),
+        }
+    }
+
+    /// The extended attributes lakemount shows (read-only, only with a data
+    /// cache): [`XATTR_CACHED`] on files, [`XATTR_CACHE_USED`] and
+    /// [`XATTR_CACHE_LIMIT`] on every inode. Empty without a cache.
+    pub fn xattr_names(&self, ino: u64) -> Vec<&'static str> {
+        let Some(attr) = self.meta.inodes.get(ino) else {
+            return Vec::new();
+        };
+        if self.cache.is_none() {
+            return Vec::new();
+        }
+        let mut v = vec![XATTR_CACHE_USED, XATTR_CACHE_LIMIT];
+        if attr.kind == EntryKind::File {
+            v.insert(0, XATTR_CACHED);
+        }
+        v
+    }
+
+    /// The value of extended attribute `name` of `ino`: a decimal number of
+    /// bytes. Errors: ENODATA for any other name or without a cache, ENOENT.
+    pub async fn xattr(&self, ino: u64, name: &str) -> Result<String, FsError> {
+        let cache = self.cache.as_ref().ok_or(FsError::NoAttr)?;
+        match name {
+            XATTR_CACHED => {
+                let attr = self.fresh_attr(ino).await?;
+                if attr.kind != EntryKind::File {
+                    return Err(FsError::NoAttr);
+                }
+                let cache = cache.clone();
+                let n = tokio::task::spawn_blocking(move || {
+                    cache.cached_bytes(&attr.key, &attr.etag, attr.size)
+                })
+                .await
+                .unwrap_or(0);
+                Ok(n.to_string())
+            }
+            XATTR_CACHE_USED => Ok(cache.disk().total_bytes().to_string()),
+            XATTR_CACHE_LIMIT => Ok(cache.disk().limit_bytes().to_string()),
+            _ => Err(FsError::NoAttr),
         }
     }
 

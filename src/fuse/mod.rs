@@ -9,7 +9,7 @@ use std::sync::Arc;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 use tracing::{debug, warn};
 
@@ -86,6 +86,18 @@ fn errno(op: &'static str, e: &FsError) -> Errno {
     }
     metrics::counter!(m::FUSE_ERRORS, "op" => op, "errno" => code.to_string()).increment(1);
     Errno::from_i32(code)
+}
+
+/// Answers an xattr request: the size when `size` is 0, the bytes when they
+/// fit, ERANGE otherwise (getxattr(2)).
+fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if value.len() <= size as usize {
+        reply.data(value);
+    } else {
+        reply.error(Errno::ERANGE);
+    }
 }
 
 impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
@@ -288,6 +300,26 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         reply.ok();
     }
 
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let fs = self.fs.clone();
+        let name = name.to_string_lossy().into_owned();
+        self.rt.spawn(async move {
+            match fs.xattr(ino.0, &name).await {
+                Ok(v) => xattr_reply(reply, v.as_bytes(), size),
+                Err(e) => reply.error(errno("getxattr", &e)),
+            }
+        });
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let mut buf = Vec::new();
+        for n in self.fs.xattr_names(ino.0) {
+            buf.extend_from_slice(n.as_bytes());
+            buf.push(0);
+        }
+        xattr_reply(reply, &buf, size);
+    }
+
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         reply.statfs(
             STATFS_BLOCKS,
@@ -303,24 +335,5 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
         reply.ok();
-    }
-
-    fn getxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
-        reply: fuser::ReplyXattr,
-    ) {
-        reply.error(Errno::from_i32(libc::ENODATA));
-    }
-
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
-        }
     }
 }

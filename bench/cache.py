@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Epoch benchmark of the data cache (issue 6), run by `bench/run.sh cache`.
+
+For each system, N runs of: an empty cache, a fresh mount, epoch 1 (2 GiB of
+shards, then the 20,000 JPEG-sized files), unmount, the page cache of the
+cache directory dropped (posix_fadvise DONTNEED), a fresh mount on the same
+cache directory, epoch 2 (same reads). So epoch 2 reads the cache from the
+disk, as after a restart, not from kernel memory. The limit is the same bytes
+read from the local copy of the data set, also with its page cache dropped.
+
+Systems: local-disk (the limit), lakemount (--cache-dir), rclone-full
+(--vfs-cache-mode full). Counts GETs per epoch from Garage's own metrics.
+Writes a section into bench/RESULTS-cache.md.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import harness as h  # noqa: E402
+
+SHARDS = h.SHARD_KEYS[:2]  # 2 x 1 GiB
+SYSTEMS = ["local-disk", "lakemount", "rclone-full"]
+
+
+def read_shards(root):
+    """Two readers, one shard each, 1 MiB reads (dd). Returns MiB/s and bytes."""
+    t = time.monotonic()
+    procs = [subprocess.Popen(["dd", f"if={os.path.join(root, k)}", "of=/dev/null", "bs=1M"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for k in SHARDS]
+    for p in procs:
+        _, err = p.communicate()
+        if p.returncode != 0:
+            raise RuntimeError(f"dd exited {p.returncode}: {err.decode()[-300:]}")
+    secs = time.monotonic() - t
+    n = sum(os.stat(os.path.join(root, k)).st_size for k in SHARDS)
+    return {"value": n / h.MIB / secs, "bytes": n, "secs": secs}
+
+
+def read_small(root, m):
+    cmd = [sys.executable, os.path.join(HERE, "workloads.py"), "loader-small", "--root", root,
+           "--dirs", str(m["jpeg_dirs"]), "--per-dir", str(m["jpeg_per"]), "--workers", "8", "--secs", "600"]
+    r = h.run_group(cmd, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"loader-small exited {r.returncode}: {r.stderr.strip()[-500:]}")
+    j = h.last_json(r.stdout)
+    if not j.get("complete"):
+        raise RuntimeError("loader-small did not read every file")
+    return {"value": j["files_per_s"], "mib_per_s": j["mib_per_s"], "secs": j["secs"]}
+
+
+def evict(*paths):
+    h.run([sys.executable, os.path.join(HERE, "workloads.py"), "evict", *paths])
+
+
+def gets(g, before):
+    return h.diff(g.counters(), before).get("GetObject", 0)
+
+
+def du_bytes(path):
+    r = h.run(["du", "-sb", path], check=False)
+    return int(r.stdout.split()[0]) if r.returncode == 0 and r.stdout.strip() else 0
+
+
+def run_mount_system(name, a, g, bucket, m, cache_dir):
+    """One run of epoch 1 + epoch 2 through `name`. Returns a dict of results."""
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    os.makedirs(cache_dir, exist_ok=True)
+    mnt = os.path.join(a.bench_dir, "mnt", name)
+    logpath = os.path.join(a.bench_dir, "logs", f"{name}-cache.log")
+    env = h.s3_env(g)
+    env.pop("AWS_ENDPOINT_URL", None)
+    if name == "lakemount":
+        binary = os.path.join(h.REPO, "target", "release", "lakemount")
+        cmd = [binary, "mount", f"s3://{bucket}", mnt, "--endpoint-url", g.endpoint, "--region", g.region,
+               "--cache-dir", cache_dir, "--cache-max-size", "20GiB"]
+        shown = "target/release/lakemount " + " ".join(cmd[1:])
+    else:
+        make, why = h.mount_factory("rclone-full", a, g, bucket)
+        if make is None:
+            raise RuntimeError(why)
+        base = make()
+        cmd = [c if c != os.path.join(a.bench_dir, "rclone-cache") else cache_dir for c in base.cmd]
+        env = base.env
+        shown = base.shown.replace(os.path.join(a.bench_dir, "rclone-cache"), cache_dir)
+    res = {"cmd": shown}
+    for epoch in (1, 2):
+        mount = h.Mount(name, cmd, env, mnt, logpath, shown)
+        mount.start()
+        try:
+            before = g.counters()
+            res[f"shards{epoch}"] = read_shards(mount.mnt)
+            res[f"shards{epoch}"]["gets"] = gets(g, before)
+            before = g.counters()
+            res[f"small{epoch}"] = read_small(mount.mnt, m)
+            res[f"small{epoch}"]["gets"] = gets(g, before)
+            res[f"rss{epoch}"] = mount.peak_rss_mib()
+        finally:
+            mount.stop()
+        res[f"cache_bytes{epoch}"] = du_bytes(cache_dir)
+        evict(cache_dir)
+    return res
+
+
+def run_local(data, m):
+    evict(os.path.join(data, "shards"))
+    s = read_shards(data)
+    evict(os.path.join(data, "jpeg"))
+    f = read_small(data, m)
+    return {"shards1": s, "small1": f, "shards2": s, "small2": f}
+
+
+def med(runs, key, field="value"):
+    vals = [r[key][field] for r in runs if key in r and r[key].get(field) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def write(path, a, g, results, started, finished, load_before, load_after):
+    L = []
+    L.append("# Cache epochs: results")
+    L.append("")
+    L.append(f"Run {started:%Y-%m-%d %H:%M}-{finished:%H:%M} UTC with `bench/run.sh cache --runs {a.runs}`; "
+             f"load average {load_before:.1f} before, {load_after:.1f} after (2 shared cores).")
+    mi = h.machine_info()
+    L.append(f"Machine: {mi['cores']} cores ({mi['cpu']}), {mi['memory_gib']} GiB, kernel {mi['kernel']}. "
+             "Server: Garage on loopback (bench/README.md); cache and local copy on the same ext4 disk.")
+    L.append("")
+    L.append("Each run: empty cache, fresh mount, epoch 1 = 2 x 1 GiB shards read by 2 parallel `dd bs=1M`, "
+             "then 20,000 JPEG-sized files (40-200 KB) read by 8 worker processes in shuffled order; unmount; "
+             "page cache of the cache directory dropped (posix_fadvise DONTNEED); fresh mount on the same "
+             "cache directory; epoch 2 = the same reads. The limit is local-disk: the same files read from the "
+             "local copy of the data set with its page cache dropped first. Medians of the runs; GETs from "
+             "Garage's metrics.")
+    L.append("")
+    L.append("| system | shards epoch 1 MiB/s | shards epoch 2 MiB/s | epoch 2 / local disk | GETs epoch 2 (shards) "
+             "| small epoch 1 files/s | small epoch 2 files/s | epoch 2 / local disk | GETs epoch 2 (small) "
+             "| cache on disk | peak RSS MiB |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    local = results.get("local-disk", [])
+    ls, lf = med(local, "shards1"), med(local, "small1")
+    for s in SYSTEMS:
+        runs = [r for r in results.get(s, []) if "error" not in r]
+        errs = [r["error"] for r in results.get(s, []) if "error" in r]
+        if not runs:
+            L.append(f"| {s} | " + " | ".join(["n/a"] * 10) + f" |  <!-- {'; '.join(errs)} -->")
+            continue
+        s1, s2 = med(runs, "shards1"), med(runs, "shards2")
+        f1, f2 = med(runs, "small1"), med(runs, "small2")
+        if s == "local-disk":
+            L.append(f"| local-disk (limit) | {s1:.0f} | (same) | 1.00 | - | {f1:.0f} | (same) | 1.00 | - | - | - |")
+            continue
+        ratio = (lambda x, y: f"{x / y:.2f}" if x and y else "n/a (no local-disk run)")
+        g2s = statistics.median([r["shards2"]["gets"] for r in runs])
+        g2f = statistics.median([r["small2"]["gets"] for r in runs])
+        cb = statistics.median([r["cache_bytes2"] for r in runs])
+        rss = max((r.get("rss2") or 0) for r in runs)
+        L.append(f"| {s} | {s1:.0f} | {s2:.0f} | {ratio(s2, ls)} | {g2s:.0f} | {f1:.0f} | {f2:.0f} | {ratio(f2, lf)} "
+                 f"| {g2f:.0f} | {cb / 2**30:.2f} GiB | {rss:.0f} |")
+    L.append("")
+    L.append("Every run (shards MiB/s e1/e2, small files/s e1/e2, GETs e2):")
+    L.append("")
+    for s in SYSTEMS:
+        for i, r in enumerate(results.get(s, [])):
+            if "error" in r:
+                L.append(f"- {s} run {i + 1}: FAILED: {r['error']}")
+                continue
+            L.append(f"- {s} run {i + 1}: {r['shards1']['value']:.0f}/{r['shards2']['value']:.0f} MiB/s, "
+                     f"{r['small1']['value']:.0f}/{r['small2']['value']:.0f} files/s, GETs e2 "
+                     f"{r['shards2'].get('gets', '-')}/{r['small2'].get('gets', '-')}")
+    L.append("")
+    L.append("Commands:")
+    L.append("")
+    for s in SYSTEMS:
+        for r in results.get(s, []):
+            if "cmd" in r:
+                L.append(f"- {s}: `{r['cmd']}`")
+                break
+    with open(path, "w") as f:
+        f.write("\n".join(L) + "\n")
+
+
+def main():
+    p = argparse.ArgumentParser(description="cache epoch benchmark (use bench/run.sh cache)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--bench-dir", default=os.environ.get("BENCH_DIR") or os.path.join(os.path.dirname(h.REPO), "bench-data"))
+    p.add_argument("--garage", default=os.environ.get("GARAGE_BIN") or shutil.which("garage") or os.path.expanduser("~/.cargo/bin/garage"))
+    p.add_argument("--rawget", default=os.path.join(HERE, "rawget", "target", "release", "rawget"))
+    p.add_argument("--port-base", type=int, default=int(os.environ.get("BENCH_PORT_BASE", "39800")))
+    p.add_argument("--results", default=os.path.join(HERE, "RESULTS-cache.md"))
+    a = p.parse_args()
+    a.bench_dir = os.path.abspath(a.bench_dir)
+    systems = a.systems.split(",")
+    m = h.MODES["full"]
+    preload = os.path.join(a.bench_dir, "nodelay.so")
+    g = h.Garage(a.bench_dir, a.garage, a.port_base, preload if os.path.exists(preload) else None)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    load_before = h.loadavg()
+    results = {}
+    try:
+        g.start()
+        bucket = "lakebench-full"
+        data = h.make_data(a, "full", g, bucket, a.rawget)
+        for i in range(a.runs):
+            for s in systems:
+                t = time.monotonic()
+                try:
+                    if s == "local-disk":
+                        r = run_local(data, m)
+                    else:
+                        r = run_mount_system(s, a, g, bucket, m, os.path.join(a.bench_dir, f"cache-{s}"))
+                    results.setdefault(s, []).append(r)
+                    h.log(f"cache run {i + 1}/{a.runs} {s:12} shards {r['shards1']['value']:.0f}/"
+                          f"{r['shards2']['value']:.0f} MiB/s, small {r['small1']['value']:.0f}/"
+                          f"{r['small2']['value']:.0f} files/s, GETs e2 {r['shards2'].get('gets', '-')}/"
+                          f"{r['small2'].get('gets', '-')} ({time.monotonic() - t:.0f} s, load {h.loadavg():.1f})")
+                except Exception as e:  # noqa: BLE001 - recorded in the table
+                    results.setdefault(s, []).append({"error": str(e)[:300]})
+                    h.log(f"cache run {i + 1}/{a.runs} {s} FAILED: {e}")
+        finished = datetime.datetime.now(datetime.timezone.utc)
+        raw = os.path.join(a.bench_dir, "results", f"{started:%Y%m%dT%H%M%S}-cache.json")
+        os.makedirs(os.path.dirname(raw), exist_ok=True)
+        with open(raw, "w") as f:
+            json.dump(results, f, indent=1)
+        write(a.results, a, g, results, started, finished, load_before, h.loadavg())
+        h.log(f"wrote {a.results} (raw: {raw})")
+    finally:
+        for s in systems:
+            mp_ = os.path.join(a.bench_dir, "mnt", s)
+            if os.path.ismount(mp_):
+                h.run(["umount", "-l", mp_], check=False)
+            shutil.rmtree(os.path.join(a.bench_dir, f"cache-{s}"), ignore_errors=True)
+        g.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
