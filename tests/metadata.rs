@@ -202,3 +202,85 @@ fn prefetch_tree_lists_everything_once_at_mount() {
         "the walk listed again after the prefetch"
     );
 }
+
+/// The number after `key=` in the last log line containing `marker`.
+fn logged(log: &str, marker: &str, key: &str) -> u64 {
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("no {marker:?} in the log:\n{log}"));
+    let at = line
+        .find(&format!("{key}="))
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"));
+    line[at + key.len() + 1..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn prefetch_tree_lists_a_flat_directory_in_parallel_key_ranges() {
+    let s = private_server();
+    let b = bucket_on(&s, "flatsplit");
+    let n = 90_000;
+    for i in 0..n {
+        s.put(&b, &format!("flat/f{i:06}.jpg"), "j");
+    }
+    // Names that sort before '/' and after ASCII land in the ranges too.
+    // (No control characters: XML 1.0 cannot carry them without
+    // EncodingType=url, which lakemount does not ask for yet.)
+    let odd = [
+        "flat/!bang",
+        "flat/ sp",
+        "flat/\u{e9}t\u{e9}",
+        "flat/\u{65e5}\u{672c}",
+        "flat/~",
+    ];
+    for k in odd {
+        s.put(&b, k, "o");
+    }
+    s.reset_counts();
+    let m = MountSpec::new(&b)
+        .server(&s)
+        .config("[metadata]\nprefetch_tree = true\n")
+        .mount();
+    wait_for(Duration::from_secs(30), || m.log().contains("tree listed"))
+        .unwrap_or_else(|| panic!("tree prefetch did not finish:\n{}", m.log()));
+    let log = m.log();
+    let (pages, ranges, depth) = (
+        logged(&log, "tree listed", "list_pages"),
+        logged(&log, "tree listed", "key_ranges"),
+        logged(&log, "tree listed", "depth_pages"),
+    );
+    assert_eq!(
+        logged(&log, "tree listed", "objects"),
+        (n + odd.len()) as u64
+    );
+    let after_prefetch = lists(&s);
+    // The mount's probe is the one LIST not in `pages`.
+    assert_eq!(after_prefetch, pages + 1, "LISTs counted by the server");
+    let sequential = (n + odd.len()).div_ceil(1000) as u64;
+    eprintln!(
+        "prefetch: {pages} LIST pages in {ranges} key ranges, {depth} deep; one stream: {sequential}"
+    );
+    assert!(ranges >= 8, "only {ranges} key ranges");
+    assert!(
+        depth * 3 <= sequential,
+        "{depth} pages one after the other; one stream is {sequential}"
+    );
+    assert!(
+        pages <= sequential * 13 / 10 + 3,
+        "{pages} LIST pages for {sequential} pages of keys"
+    );
+    assert_eq!(heads(&s), 0);
+    // Everything is known: a full readdir and a stat of each odd name list nothing.
+    let listed = readdir_names(&m.p("flat"));
+    assert_eq!(listed.len(), n + odd.len());
+    for k in odd {
+        assert!(m.p(k).exists(), "{k:?}");
+    }
+    assert_eq!(lists(&s), after_prefetch, "listed again after the prefetch");
+}

@@ -46,7 +46,7 @@ pub async fn list_dir<S: ObjectStore>(
     let mut token = None;
     loop {
         let page = store
-            .list_page(prefix, Some("/"), token, MAX_KEYS_PER_PAGE)
+            .list_page(prefix, Some("/"), token, None, MAX_KEYS_PER_PAGE)
             .await?;
         for obj in page.objects {
             let Some(name) = obj.key.strip_prefix(prefix) else {

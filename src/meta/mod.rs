@@ -46,9 +46,10 @@ pub struct MetaConfig {
     /// (`cargo run --release --example meta_memory`, docs/OPERATIONS.md), so
     /// the default of 1M is ~340 MB at most.
     pub max_cached_entries: u64,
-    /// At mount, list the whole tree under the mount prefix in the background,
-    /// one ListObjectsV2 stream per top-level directory, 32 at once, so a walk
-    /// or a loader finds every listing cached. For data sets read whole.
+    /// At mount, list the whole tree under the mount prefix in the background
+    /// (ListObjectsV2 without delimiter, per subtree and in `StartAfter` key
+    /// ranges, 32 requests at once; see [`tree`]), so a walk or a loader finds
+    /// every listing cached. For data sets read whole.
     pub prefetch_tree: bool,
 }
 
@@ -198,36 +199,17 @@ impl<S: ObjectStore> Meta<S> {
         Ok(found)
     }
 
-    /// Lists the whole tree under `prefix` (see [`tree`]) and caches the listing
-    /// of every directory in it. Returns the number of objects seen.
-    pub async fn prefetch_tree(&self, prefix: &str) -> Result<usize, StoreError> {
-        use futures::StreamExt;
-        let top = timed_list(&*self.store, prefix).await?;
-        let mut objects = 0;
-        let subdirs: Vec<String> = top
-            .iter()
-            .filter(|e| e.kind == EntryKind::Dir)
-            .map(|e| format!("{prefix}{}/", e.name))
-            .collect();
-        objects += top.iter().filter(|e| e.kind == EntryKind::File).count();
-        self.listings
-            .insert(prefix.to_string(), Arc::new(DirListing::new(top)))
-            .await;
-        let mut streams = futures::stream::iter(subdirs.into_iter().map(|dir| {
-            let store = self.store.clone();
-            async move { tree::list_all(&*store, &dir).await.map(|keys| (dir, keys)) }
-        }))
-        .buffer_unordered(tree::TREE_LIST_CONCURRENCY);
-        while let Some(result) = streams.next().await {
-            let (dir, keys) = result?;
-            objects += keys.len();
-            for (p, entries) in tree::build_listings(&dir, &keys) {
-                self.listings
-                    .insert(p, Arc::new(DirListing::new(entries)))
-                    .await;
-            }
+    /// Lists the whole tree under `prefix` in concurrent key ranges (see
+    /// [`tree`]) and caches the listing of every directory in it.
+    pub async fn prefetch_tree(&self, prefix: &str) -> Result<tree::RangeStats, StoreError> {
+        let (listings, stats) =
+            tree::list_tree(&*self.store, prefix, tree::ListOpts::default()).await?;
+        for (p, entries) in listings {
+            self.listings
+                .insert(p, Arc::new(DirListing::new(entries)))
+                .await;
         }
-        Ok(objects)
+        Ok(stats)
     }
 }
 
