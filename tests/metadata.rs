@@ -284,3 +284,59 @@ fn prefetch_tree_lists_a_flat_directory_in_parallel_key_ranges() {
     }
     assert_eq!(lists(&s), after_prefetch, "listed again after the prefetch");
 }
+
+#[test]
+fn lookups_in_a_directory_over_max_dir_entries_use_head_not_a_list_storm() {
+    let s = private_server();
+    let b = bucket_on(&s, "huge");
+    for i in 0..5000 {
+        s.put(&b, &format!("big/f{i:05}"), vec![b'x'; i % 11]);
+    }
+    s.put(&b, "big/sub/inner", "i");
+    s.put(&b, "big/shadow", "file under a directory of the same name");
+    s.put(&b, "big/shadow/x", "x");
+    let m = MountSpec::new(&b)
+        .server(&s)
+        .config("[metadata]\nmax_dir_entries = 2500\n")
+        .mount();
+    s.reset_counts();
+    // First lookup: the root listing (for "big"), the listing of big/ given up
+    // after 3 pages (3000 > 2500 entries), then HEAD + one-key LIST.
+    assert_eq!(
+        std::fs::metadata(m.p("big/f01234")).unwrap().len(),
+        1234 % 11
+    );
+    assert_eq!((lists(&s), heads(&s)), (1 + 3 + 1, 1), "first lookup");
+    assert!(m.log().contains("directory too large to cache"));
+    // 200 more lookups: 1 HEAD + 1 LIST each, never the 5-page listing again.
+    for i in 0..200 {
+        let len = std::fs::metadata(m.p(&format!("big/f{:05}", 3 + i * 24)))
+            .unwrap()
+            .len();
+        assert_eq!(len as usize, (3 + i * 24) % 11);
+    }
+    assert_eq!((lists(&s), heads(&s)), (5 + 200, 1 + 200), "200 lookups");
+    // A directory, a shadowed file, a missing name (then negative-cached).
+    assert!(std::fs::metadata(m.p("big/sub")).unwrap().is_dir());
+    assert!(std::fs::metadata(m.p("big/shadow")).unwrap().is_dir());
+    assert_eq!(std::fs::read_to_string(m.p("big/sub/inner")).unwrap(), "i");
+    let before = (lists(&s), heads(&s));
+    assert_errno(
+        std::fs::metadata(m.p("big/missing")),
+        libc::ENOENT,
+        "missing",
+    );
+    assert_eq!((lists(&s), heads(&s)), (before.0 + 1, before.1 + 1));
+    for _ in 0..100 {
+        assert!(std::fs::metadata(m.p("big/missing")).is_err());
+    }
+    assert_eq!(
+        (lists(&s), heads(&s)),
+        (before.0 + 1, before.1 + 1),
+        "negative cache"
+    );
+    // readdir still shows everything (listed for the handle, not cached).
+    let names = readdir_names(&m.p("big"));
+    assert_eq!(names.len(), 5000 + 2);
+    assert_eq!(heads(&s), before.1 + 1, "readdir sent HEADs");
+}

@@ -42,6 +42,11 @@ pub const META_LISTING_CACHE: &str = "lakemount_meta_listing_cache_total";
 pub const META_NEGATIVE_CACHE: &str = "lakemount_meta_negative_cache_total";
 /// Histogram: time to list one whole directory (all pages), seconds.
 pub const META_LISTING_SECONDS: &str = "lakemount_meta_listing_seconds";
+/// Counter: lookups answered by HeadObject + a one-key ListObjectsV2 because
+/// the directory is too large to list (`metadata.max_dir_entries`).
+pub const META_DIRECT_LOOKUPS: &str = "lakemount_meta_direct_lookups_total";
+/// Counter: directory listings given up at `metadata.max_dir_entries` entries.
+pub const META_HUGE_DIRS: &str = "lakemount_meta_huge_dirs_total";
 
 /// `op` label of ListObjectsV2.
 pub const OP_LIST: &str = "LIST";
