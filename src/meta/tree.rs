@@ -176,13 +176,17 @@ pub async fn list_ranges<S: ObjectStore>(
             None => objects.len(),
         };
         let beyond = objects.split_off(inside);
-        if let (Some(end), Some(page_last)) = (&range.end, &page_last)
+        if let Some(end) = &range.end
             && (!beyond.is_empty() || listing_ended)
         {
             // The page ran past this range: it holds every key up to its last
             // (to the prefix's end when it was the last page), which is the
             // start of ranges still waiting in the queue. Hand them over.
-            let covered = (!listing_ended).then_some(page_last.as_str());
+            let covered = if listing_ended {
+                None
+            } else {
+                page_last.as_deref()
+            };
             stats.objects += donate(&mut queue, end, covered, beyond, &mut sink);
         }
         let done = listing_ended
