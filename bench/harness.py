@@ -714,6 +714,7 @@ def summarize(results, workloads, systems):
                 "median": statistics.median(vals), "values": vals, "n": len(ok), "failed": len(runs) - len(ok),
                 "requests": median_requests(ok), "rss_mib": max(rss) if rss else None,
                 "partial": sum(1 for r in ok if r.get("complete") is False),
+                "secs": statistics.median([r["secs"] for r in ok]) if all("secs" in r for r in ok) else None,
                 "errors": [r["error"] for r in runs if "error" in r],
             }
     return table
@@ -875,8 +876,8 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
     L.append("")
     walks = [w for w in workloads if w in WALKS]
     if walks:
-        L.append("## Metadata walks: S3 requests per walk\n")
-        L.append("One run is one walk. Bound: 1.1 x (files / 1000 + directories listed), the directories "
+        L.append("## Metadata walks: wall time and S3 requests per walk\n")
+        L.append("One run is one walk: median wall time of the walk, then its S3 requests. Bound: 1.1 x (files / 1000 + directories listed), the directories "
                  "being the walked ones plus the mount root (looked up to find `tree`/`flat`). LIST and HEAD "
                  "per walk are the medians of the runs; \"capped\" means the time cap ended the walk first "
                  "(its counts are for part of the walk).\n")
@@ -898,6 +899,8 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
                 req = t["requests"]
                 n = sum(v for k, v in req.items() if k != BYTES_READ and k not in ("GetObject",))
                 txt = fmt_requests({k: v for k, v in req.items() if k != BYTES_READ}) + f" (= {n:,})"
+                if t.get("secs") is not None:
+                    txt = f"{t['secs']:.1f} s; " + txt
                 if t["partial"]:
                     txt += f", capped in {t['partial']} of {t['n']} runs"
                 elif s == "lakemount":
