@@ -39,14 +39,14 @@ MODES = {
         shards=4, shard_size=1 << 30,
         tree_dirs=100, tree_per=1000, flat=100_000,
         jpeg_dirs=20, jpeg_per=1000,
-        runs=3, seq_secs=6, rand_secs=4, loader_secs=6, meta_secs=10,
+        runs=3, seq_secs=6, rand_secs=4, loader_secs=6, meta_secs=10, hot_secs=5,
     ),
     # For trying the harness itself: small data, same workloads, N=3.
     "quick": dict(
         shards=4, shard_size=128 << 20,
         tree_dirs=10, tree_per=200, flat=2000,
         jpeg_dirs=4, jpeg_per=250,
-        runs=3, seq_secs=3, rand_secs=2, loader_secs=3, meta_secs=5,
+        runs=3, seq_secs=3, rand_secs=2, loader_secs=3, meta_secs=5, hot_secs=2,
     ),
 }
 
@@ -64,7 +64,20 @@ WORKLOADS = {
     "loader-small": ("loader", "py", "files/s"),
     "meta-tree": ("meta", "py", "entries/s"),
     "meta-flat": ("meta", "py", "entries/s"),
+    "find-tree": ("meta", "py", "entries/s"),
+    "find-flat": ("meta", "py", "entries/s"),
+    "lsr-tree": ("meta", "py", "entries/s"),
+    "lsr-flat": ("meta", "py", "entries/s"),
+    "stat-hot": ("meta", "py", "stat/s"),
 }
+# Metadata walks: workload -> sub-tree walked (per-walk request counts and bound).
+WALKS = {"meta-tree": "tree", "meta-flat": "flat", "find-tree": "tree", "find-flat": "flat",
+         "lsr-tree": "tree", "lsr-flat": "flat"}
+# Workloads with no S3 limit to compare with (everything is cached).
+NO_LIMIT = {"stat-hot"}
+# stat-hot: files made hot first, and stat() threads.
+HOT_FILES = 10_000
+HOT_THREADS = 8
 WORKLOAD_TEXT = {
     "seq-1j-256k": "fio: 1 reader, sequential, bs 256 KiB, 1 shard",
     "seq-1j-1m": "fio: 1 reader, sequential, bs 1 MiB, 1 shard",
@@ -76,6 +89,11 @@ WORKLOAD_TEXT = {
     "loader-small": "Python: 8 worker processes open+read JPEG-sized files",
     "meta-tree": "Python: os.walk + os.stat, 100 dirs x 1000 files",
     "meta-flat": "Python: os.walk + os.stat, 1 dir of 100,000 files",
+    "find-tree": "find MOUNT/tree -type f | wc -l",
+    "find-flat": "find MOUNT/flat -type f | wc -l",
+    "lsr-tree": "ls -lR MOUNT/tree",
+    "lsr-flat": "ls -lR MOUNT/flat",
+    "stat-hot": "Python: 8 threads stat() 10,000 cached files of tree/ round and round",
 }
 SUITES = ["seq", "rand", "loader", "meta"]
 
@@ -548,6 +566,12 @@ def py_cmd(workload, root, m):
                     "--workers", "8", "--secs", str(m["loader_secs"])]
     if workload.startswith("meta-"):
         return w + ["meta", "--root", root, "--sub", workload[5:], "--secs", str(m["meta_secs"])]
+    if workload.startswith(("find-", "lsr-")):
+        tool, sub = workload.split("-", 1)
+        return w + ["walk-tool", "--root", root, "--sub", sub, "--tool", tool, "--secs", str(m["meta_secs"])]
+    if workload == "stat-hot":
+        return w + ["stat-hot", "--root", root, "--sub", "tree", "--files", str(HOT_FILES),
+                    "--threads", str(HOT_THREADS), "--secs", str(m["hot_secs"])]
     raise ValueError(workload)
 
 
@@ -558,8 +582,10 @@ def run_py(workload, root, m):
         raise RuntimeError(f"{workload} exited {r.returncode}: {r.stderr.strip()[-800:]}")
     j = last_json(r.stdout)
     unit = WORKLOADS[workload][2]
+    if j.get("error"):
+        raise RuntimeError(f"{workload}: {j['error']}")
     j["value"] = {"MiB/s": j.get("mib_per_s"), "files/s": j.get("files_per_s"),
-                  "entries/s": j.get("entries_per_s")}[unit]
+                  "entries/s": j.get("entries_per_s"), "stat/s": j.get("stats_per_s")}[unit]
     return j
 
 
@@ -580,8 +606,11 @@ def rawget_cmd(workload, rawget, bucket, m):
     if workload == "loader-small":
         return base + ["small", "--bucket", bucket, "--prefix", "jpeg/", "--concurrency", "8",
                        "--max-secs", str(m["loader_secs"])]
-    if workload.startswith("meta-"):
-        return base + ["list", "--bucket", bucket, "--prefix", workload[5:] + "/", "--max-secs", str(m["meta_secs"])]
+    if workload in WALKS:
+        return base + ["list", "--bucket", bucket, "--prefix", WALKS[workload] + "/", "--max-secs",
+                       str(m["meta_secs"])]
+    if workload in NO_LIMIT:
+        return None
     raise ValueError(workload)
 
 
@@ -607,7 +636,7 @@ def measure(system, workload, ctx):
         return res
     if system == "local-disk":
         # Cold: the data set's pages are dropped from the page cache first.
-        sub = {"loader-small": ["jpeg"], "meta-tree": [], "meta-flat": []}.get(workload, ["shards"])
+        sub = [] if WORKLOADS[workload][0] == "meta" else {"loader-small": ["jpeg"]}.get(workload, ["shards"])
         if sub:
             run([sys.executable, os.path.join(HERE, "workloads.py"), "evict", *[os.path.join(data, s) for s in sub]])
         res.update(run_fio(workload, data, secs_for(workload, m), tmp) if kind == "fio" else run_py(workload, data, m))
@@ -689,6 +718,7 @@ def summarize(results, workloads, systems):
                 "median": statistics.median(vals), "values": vals, "n": len(ok), "failed": len(runs) - len(ok),
                 "requests": median_requests(ok), "rss_mib": max(rss) if rss else None,
                 "partial": sum(1 for r in ok if r.get("complete") is False),
+                "secs": statistics.median([r["secs"] for r in ok]) if all("secs" in r for r in ok) else None,
                 "errors": [r["error"] for r in runs if "error" in r],
             }
     return table
@@ -774,6 +804,8 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
     def cell(s, w, what):
         if s in skipped:
             return "n/a " + note(skipped[s])
+        if s == "raw-get" and w in NO_LIMIT:
+            return "n/a (all cached)"
         t = table.get((s, w), {"error": "not measured"})
         if "error" in t:
             return "failed " + note(f"{s} / {w}: {t['error']}")
@@ -846,6 +878,40 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
     for w in workloads:
         L.append(f"| {w} | | " + " | ".join(cell(s, w, "requests") for s in systems) + " |")
     L.append("")
+    walks = [w for w in workloads if w in WALKS]
+    if walks:
+        L.append("## Metadata walks: wall time and S3 requests per walk\n")
+        L.append("One run is one walk: median wall time of the walk, then its S3 requests. Bound: 1.1 x (files / 1000 + directories listed), the directories "
+                 "being the walked ones plus the mount root (looked up to find `tree`/`flat`). LIST and HEAD "
+                 "per walk are the medians of the runs; \"capped\" means the time cap ended the walk first "
+                 "(its counts are for part of the walk).\n")
+        mounts = [s for s in systems if s in MOUNTS and s not in skipped]
+        L.append("| workload | files | dirs | bound | " + " | ".join(mounts) + " |")
+        L.append("|---|---|---|---|" + "---|" * len(mounts))
+        for w in walks:
+            if WALKS[w] == "tree":
+                files, dirs = m["tree_dirs"] * m["tree_per"], m["tree_dirs"] + 2
+            else:
+                files, dirs = m["flat"], 2
+            bound = 1.1 * (files / 1000 + dirs)
+            cells = []
+            for s in mounts:
+                t = table.get((s, w), {})
+                if "requests" not in t:
+                    cells.append("failed")
+                    continue
+                req = t["requests"]
+                n = sum(v for k, v in req.items() if k != BYTES_READ and k not in ("GetObject",))
+                txt = fmt_requests({k: v for k, v in req.items() if k != BYTES_READ}) + f" (= {n:,})"
+                if t.get("secs") is not None:
+                    txt = f"{t['secs']:.1f} s; " + txt
+                if t["partial"]:
+                    txt += f", capped in {t['partial']} of {t['n']} runs"
+                elif s == "lakemount":
+                    txt += " **<= bound**" if n <= bound else " **OVER BOUND**"
+                cells.append(txt)
+            L.append(f"| {w} | {files:,} | {dirs} | {bound:,.1f} | " + " | ".join(cells) + " |")
+        L.append("")
     L.append("## Daemon peak RSS, MiB (VmHWM, largest over the runs)\n")
     L.append(head)
     L.append(sep)
@@ -876,7 +942,9 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
     L.append("")
     L.append("# the limit (AWS_* credentials and AWS_ENDPOINT_URL in the environment)")
     for w in workloads:
-        L.append(" ".join(rawget_cmd(w, "bench/rawget/target/release/rawget", ctx["bucket"], m)))
+        cmd = rawget_cmd(w, "bench/rawget/target/release/rawget", ctx["bucket"], m)
+        if cmd:
+            L.append(" ".join(cmd))
     L.append("```\n")
 
     L.append("## All runs\n")
@@ -1034,6 +1102,8 @@ def main():
         for w in workloads:
             for i in range(m["runs"]):
                 for s in active:
+                    if s == "raw-get" and w in NO_LIMIT:
+                        continue
                     t = time.monotonic()
                     try:
                         r = measure(s, w, ctx)

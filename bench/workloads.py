@@ -13,6 +13,13 @@ set) and prints one JSON line: bytes, files, entries, secs and rates.
       training list file gives them: no directory listing first).
   meta         --root R --sub tree|flat --secs S
       os.walk over ROOT/SUB plus os.stat of every file.
+  walk-tool    --root R --sub tree|flat --tool find|lsr --secs S
+      `find ROOT/SUB -type f` (files counted, as `| wc -l` would) or
+      `ls -lR ROOT/SUB` (files and directories counted); killed at the cap.
+  stat-hot     --root R --sub tree --files N --threads T --secs S
+      os.stat of the first N files of an os.walk of ROOT/SUB (untimed: this
+      puts them in every cache), then T threads stat() those files round
+      and round for S seconds; reports stat calls per second.
   evict        PATH...
       drops the page cache of every file under PATH (posix_fadvise DONTNEED),
       so the local-disk runs read from the disk, not from memory.
@@ -26,6 +33,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import subprocess
 import sys
 import tarfile
 import threading
@@ -156,6 +164,95 @@ def meta(a):
     os._exit(0 if not state["error"] else 1)
 
 
+def walk_tool(a):
+    top = os.path.join(a.root, a.sub)
+    cmd = {"find": ["find", top, "-type", "f"], "lsr": ["ls", "-lR", top]}[a.tool]
+    start = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    timer = threading.Timer(a.secs, p.kill)
+    timer.start()
+    files = dirs = 0
+    for line in p.stdout:
+        if a.tool == "find":
+            files += 1
+        elif line.startswith("-"):
+            files += 1
+        elif line.startswith("d"):
+            dirs += 1
+    rc = p.wait()
+    timer.cancel()
+    secs = time.monotonic() - start
+    err = p.stderr.read().strip()
+    res = {
+        "entries": files + dirs,
+        "files": files,
+        "dirs": dirs,
+        "secs": round(secs, 4),
+        "entries_per_s": round((files + dirs) / secs, 1),
+        "complete": rc == 0,
+    }
+    if rc not in (0, -9):
+        res["error"] = f"{cmd[0]} exited {rc}: {err[-300:]}"
+    return res
+
+
+def stat_hot(a):
+    top = os.path.join(a.root, a.sub)
+    paths = []
+    t0 = time.monotonic()
+    for dirpath, _, filenames in os.walk(top):
+        for n in filenames:
+            p = os.path.join(dirpath, n)
+            os.stat(p)
+            paths.append(p)
+            if len(paths) >= a.files:
+                break
+        if len(paths) >= a.files:
+            break
+    warm = time.monotonic() - t0
+    counts = [0] * a.threads
+    errors = []
+    stop = threading.Event()
+    start_evt = threading.Event()
+
+    def worker(i):
+        mine = paths[i::a.threads] or paths
+        n = 0
+        start_evt.wait()
+        try:
+            while not stop.is_set():
+                for p in mine:
+                    os.stat(p)
+                n += len(mine)
+                counts[i] = n
+        except OSError as e:
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(a.threads)]
+    for t in threads:
+        t.start()
+    start = time.monotonic()
+    start_evt.set()
+    time.sleep(a.secs)
+    stop.set()
+    for t in threads:
+        t.join()
+    secs = time.monotonic() - start
+    stats = sum(counts)
+    res = {
+        "stats": stats,
+        "files": len(paths),
+        "threads": a.threads,
+        "warm_secs": round(warm, 3),
+        "secs": round(secs, 4),
+        "stats_per_s": round(stats / secs, 1),
+        "complete": not errors,
+    }
+    if errors:
+        res["error"] = errors[0]
+    return res
+
+
 def evict(a):
     n = 0
     for top in a.paths:
@@ -191,10 +288,22 @@ def main():
     m.add_argument("--root", required=True)
     m.add_argument("--sub", required=True)
     m.add_argument("--secs", type=float, default=15)
+    w = sub.add_parser("walk-tool")
+    w.add_argument("--root", required=True)
+    w.add_argument("--sub", required=True)
+    w.add_argument("--tool", choices=["find", "lsr"], required=True)
+    w.add_argument("--secs", type=float, default=15)
+    h = sub.add_parser("stat-hot")
+    h.add_argument("--root", required=True)
+    h.add_argument("--sub", required=True)
+    h.add_argument("--files", type=int, default=10000)
+    h.add_argument("--threads", type=int, default=8)
+    h.add_argument("--secs", type=float, default=5)
     e = sub.add_parser("evict")
     e.add_argument("paths", nargs="+")
     a = p.parse_args()
-    fn = {"loader-tar": loader_tar, "loader-small": loader_small, "meta": meta, "evict": evict}[a.cmd]
+    fn = {"loader-tar": loader_tar, "loader-small": loader_small, "meta": meta, "walk-tool": walk_tool,
+          "stat-hot": stat_hot, "evict": evict}[a.cmd]
     print(json.dumps(fn(a)), flush=True)
 
 

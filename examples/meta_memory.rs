@@ -36,7 +36,7 @@ async fn main() {
     };
     let meta = Meta::new(store.clone(), config, "");
     let before = rss_bytes();
-    let n = meta.prefetch_tree("").await.unwrap();
+    let n = meta.prefetch_tree("").await.unwrap().objects;
     let listed = rss_bytes();
     let per_entry = (listed - before) as f64 / n as f64;
     println!(

@@ -135,7 +135,10 @@ impl Mounted {
                 let start = std::time::Instant::now();
                 match fs.prefetch_tree().await {
                     Ok(n) => info!(
-                        objects = n,
+                        objects = n.objects,
+                        list_pages = n.pages,
+                        key_ranges = n.ranges,
+                        depth_pages = n.depth,
                         secs = start.elapsed().as_secs_f64(),
                         "tree listed"
                     ),
@@ -290,7 +293,10 @@ async fn probe(store: &S3Store, source: &Source, config: &Config) -> anyhow::Res
         .endpoint_url
         .clone()
         .unwrap_or_else(|| "AWS S3".to_string());
-    match store.list_page(&source.prefix, Some("/"), None, 1).await {
+    match store
+        .list_page(&source.prefix, Some("/"), None, None, 1)
+        .await
+    {
         Ok(page) => {
             if page.objects.is_empty() && page.common_prefixes.is_empty() {
                 warn!(

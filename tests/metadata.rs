@@ -202,3 +202,203 @@ fn prefetch_tree_lists_everything_once_at_mount() {
         "the walk listed again after the prefetch"
     );
 }
+
+/// The number after `key=` in the last log line containing `marker`.
+fn logged(log: &str, marker: &str, key: &str) -> u64 {
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("no {marker:?} in the log:\n{log}"));
+    let at = line
+        .find(&format!("{key}="))
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"));
+    line[at + key.len() + 1..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn prefetch_tree_lists_a_flat_directory_in_parallel_key_ranges() {
+    let s = private_server();
+    let b = bucket_on(&s, "flatsplit");
+    let n = 90_000;
+    for i in 0..n {
+        s.put(&b, &format!("flat/f{i:06}.jpg"), "j");
+    }
+    // Names that sort before '/' and after ASCII land in the ranges too.
+    // (No control characters: XML 1.0 cannot carry them without
+    // EncodingType=url, which lakemount does not ask for yet.)
+    let odd = [
+        "flat/!bang",
+        "flat/ sp",
+        "flat/\u{e9}t\u{e9}",
+        "flat/\u{65e5}\u{672c}",
+        "flat/~",
+    ];
+    for k in odd {
+        s.put(&b, k, "o");
+    }
+    s.reset_counts();
+    let m = MountSpec::new(&b)
+        .server(&s)
+        .config("[metadata]\nprefetch_tree = true\n")
+        .mount();
+    wait_for(Duration::from_secs(30), || m.log().contains("tree listed"))
+        .unwrap_or_else(|| panic!("tree prefetch did not finish:\n{}", m.log()));
+    let log = m.log();
+    let (pages, ranges, depth) = (
+        logged(&log, "tree listed", "list_pages"),
+        logged(&log, "tree listed", "key_ranges"),
+        logged(&log, "tree listed", "depth_pages"),
+    );
+    assert_eq!(
+        logged(&log, "tree listed", "objects"),
+        (n + odd.len()) as u64
+    );
+    let after_prefetch = lists(&s);
+    // The mount's probe is the one LIST not in `pages`.
+    assert_eq!(after_prefetch, pages + 1, "LISTs counted by the server");
+    let sequential = (n + odd.len()).div_ceil(1000) as u64;
+    eprintln!(
+        "prefetch: {pages} LIST pages in {ranges} key ranges, {depth} deep; one stream: {sequential}"
+    );
+    assert!(ranges >= 8, "only {ranges} key ranges");
+    assert!(
+        depth * 3 <= sequential,
+        "{depth} pages one after the other; one stream is {sequential}"
+    );
+    assert!(
+        pages <= sequential * 13 / 10 + 3,
+        "{pages} LIST pages for {sequential} pages of keys"
+    );
+    assert_eq!(heads(&s), 0);
+    // Everything is known: a full readdir and a stat of each odd name list nothing.
+    let listed = readdir_names(&m.p("flat"));
+    assert_eq!(listed.len(), n + odd.len());
+    for k in odd {
+        assert!(m.p(k).exists(), "{k:?}");
+    }
+    assert_eq!(lists(&s), after_prefetch, "listed again after the prefetch");
+}
+
+#[test]
+fn lookups_in_a_directory_over_max_dir_entries_use_head_not_a_list_storm() {
+    let s = private_server();
+    let b = bucket_on(&s, "huge");
+    for i in 0..5000 {
+        s.put(&b, &format!("big/f{i:05}"), vec![b'x'; i % 11]);
+    }
+    s.put(&b, "big/sub/inner", "i");
+    s.put(&b, "big/shadow", "file under a directory of the same name");
+    s.put(&b, "big/shadow/x", "x");
+    let m = MountSpec::new(&b)
+        .server(&s)
+        .config("[metadata]\nmax_dir_entries = 2500\n")
+        .mount();
+    s.reset_counts();
+    // First lookup: the root listing (for "big"), the listing of big/ given up
+    // after 3 pages (3000 > 2500 entries), then HEAD + one-key LIST.
+    assert_eq!(
+        std::fs::metadata(m.p("big/f01234")).unwrap().len(),
+        1234 % 11
+    );
+    assert_eq!((lists(&s), heads(&s)), (1 + 3 + 1, 1), "first lookup");
+    assert!(m.log().contains("directory too large to cache"));
+    // 200 more lookups: 1 HEAD + 1 LIST each, never the 5-page listing again.
+    for i in 0..200 {
+        let len = std::fs::metadata(m.p(&format!("big/f{:05}", 3 + i * 24)))
+            .unwrap()
+            .len();
+        assert_eq!(len as usize, (3 + i * 24) % 11);
+    }
+    assert_eq!((lists(&s), heads(&s)), (5 + 200, 1 + 200), "200 lookups");
+    // A directory, a shadowed file, a missing name (then negative-cached).
+    assert!(std::fs::metadata(m.p("big/sub")).unwrap().is_dir());
+    assert!(std::fs::metadata(m.p("big/shadow")).unwrap().is_dir());
+    assert_eq!(std::fs::read_to_string(m.p("big/sub/inner")).unwrap(), "i");
+    let before = (lists(&s), heads(&s));
+    assert_errno(
+        std::fs::metadata(m.p("big/missing")),
+        libc::ENOENT,
+        "missing",
+    );
+    assert_eq!((lists(&s), heads(&s)), (before.0 + 1, before.1 + 1));
+    for _ in 0..100 {
+        assert!(std::fs::metadata(m.p("big/missing")).is_err());
+    }
+    assert_eq!(
+        (lists(&s), heads(&s)),
+        (before.0 + 1, before.1 + 1),
+        "negative cache"
+    );
+    // readdir still shows everything (listed for the handle, not cached).
+    let names = readdir_names(&m.p("big"));
+    assert_eq!(names.len(), 5000 + 2);
+    assert_eq!(heads(&s), before.1 + 1, "readdir sent HEADs");
+}
+
+/// The value of metric `name` (no labels) from `GET http://addr/metrics`.
+fn metric(addr: &str, name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        conn,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut body = String::new();
+    conn.read_to_string(&mut body).unwrap();
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{body}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn forget_from_the_kernel_shrinks_the_inode_table() {
+    let s = private_server();
+    let b = bucket_on(&s, "forget");
+    let n = 2000;
+    for i in 0..n {
+        s.put(&b, &format!("d/f{i:04}"), "x");
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let m = MountSpec::new(&b)
+        .server(&s)
+        .args(&["--metrics-addr", &addr, "--metadata-ttl", "1"])
+        .mount();
+    for i in 0..n {
+        assert!(m.p(&format!("d/f{i:04}")).exists());
+    }
+    let held = metric(&addr, "lakemount_meta_inodes");
+    assert!(held >= (n + 2) as f64, "{held} inodes after {n} lookups");
+    // Deleted in S3: once the TTL is over, the kernel's revalidating lookup
+    // gets ENOENT, drops the dentry and the inode, and sends FORGET.
+    for i in 0..n {
+        s.delete(&b, &format!("d/f{i:04}"));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    for i in 0..n {
+        assert!(!m.p(&format!("d/f{i:04}")).exists());
+    }
+    wait_for(Duration::from_secs(10), || {
+        metric(&addr, "lakemount_meta_inodes") <= 10.0
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "inode table still holds {} inodes after the kernel dropped them",
+            metric(&addr, "lakemount_meta_inodes")
+        )
+    });
+}

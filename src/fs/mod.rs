@@ -183,9 +183,9 @@ impl<S: ObjectStore> Fs<S> {
         self.meta.config().negative_ttl()
     }
 
-    /// Lists the whole tree under the mount in the background-friendly way of
-    /// [`Meta::prefetch_tree`]; returns the number of objects seen.
-    pub async fn prefetch_tree(&self) -> Result<usize, FsError> {
+    /// Lists the whole tree under the mount in concurrent key ranges and caches
+    /// every directory's listing ([`Meta::prefetch_tree`]).
+    pub async fn prefetch_tree(&self) -> Result<crate::meta::tree::RangeStats, FsError> {
         let root = self
             .meta
             .inodes

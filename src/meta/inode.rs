@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::time::{Instant, SystemTime};
 
 use super::listing::{EntryKind, ListedEntry};
+use crate::telemetry::metrics as m;
 
 /// Inode number of the mount's root directory (FUSE_ROOT_ID in `fuse_kernel.h`).
 pub const ROOT_INO: u64 = 1;
@@ -129,6 +130,7 @@ impl InodeTable {
                 ino
             }
         };
+        let new = !t.inodes.contains_key(&ino);
         let attr = Attr {
             ino,
             kind: entry.kind,
@@ -149,6 +151,9 @@ impl InodeTable {
         inode.attr = attr.clone();
         if count_lookup {
             inode.nlookup += 1;
+        }
+        if new {
+            metrics::gauge!(m::META_INODES).set(t.inodes.len() as f64);
         }
         attr
     }
@@ -198,6 +203,7 @@ impl InodeTable {
             if t.children.get(&name_key) == Some(&ino) {
                 t.children.remove(&name_key);
             }
+            metrics::gauge!(m::META_INODES).set(t.inodes.len() as f64);
         }
     }
 

@@ -42,12 +42,29 @@ pub async fn list_dir<S: ObjectStore>(
     store: &S,
     prefix: &str,
 ) -> Result<Vec<ListedEntry>, StoreError> {
+    Ok(list_dir_upto(store, prefix, usize::MAX)
+        .await?
+        .expect("no limit"))
+}
+
+/// [`list_dir`], given up (`Ok(None)`) as soon as the listing returned more
+/// than `max_entries` keys and common prefixes.
+pub async fn list_dir_upto<S: ObjectStore>(
+    store: &S,
+    prefix: &str,
+    max_entries: usize,
+) -> Result<Option<Vec<ListedEntry>>, StoreError> {
     let mut entries = Vec::new();
     let mut token = None;
+    let mut seen = 0usize;
     loop {
         let page = store
-            .list_page(prefix, Some("/"), token, MAX_KEYS_PER_PAGE)
+            .list_page(prefix, Some("/"), token, None, MAX_KEYS_PER_PAGE)
             .await?;
+        seen += page.objects.len() + page.common_prefixes.len();
+        if seen > max_entries {
+            return Ok(None);
+        }
         for obj in page.objects {
             let Some(name) = obj.key.strip_prefix(prefix) else {
                 continue;
@@ -93,7 +110,7 @@ pub async fn list_dir<S: ObjectStore>(
             break;
         }
     }
-    Ok(finalize(prefix, entries))
+    Ok(Some(finalize(prefix, entries)))
 }
 
 /// Sorts `entries` of the directory at `prefix` by name bytes and keeps each

@@ -5,6 +5,13 @@
 //! [`MetaConfig::ttl_secs`], and answers every lookup in that directory from it.
 //! Concurrent lookups in one directory share one listing (single-flight, through
 //! moka's `try_get_with`).
+//!
+//! A directory with more than [`MetaConfig::max_dir_entries`] entries is too
+//! large to cache: its listing is given up at that many entries and the
+//! directory is remembered as huge for the TTL. A lookup in it then sends
+//! HeadObject of the key and a ListObjectsV2 of `name/` with MaxKeys 1, at
+//! once (2 requests instead of ceil(N/1000) LISTs); opendir lists it for the
+//! directory handle only, never into the cache.
 
 pub mod inode;
 pub mod listing;
@@ -15,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
+use tracing::warn;
 
 pub use inode::{Attr, InodeTable, ROOT_INO};
 pub use listing::{EntryKind, ListedEntry};
@@ -46,9 +54,19 @@ pub struct MetaConfig {
     /// (`cargo run --release --example meta_memory`, docs/OPERATIONS.md), so
     /// the default of 1M is ~340 MB at most.
     pub max_cached_entries: u64,
-    /// At mount, list the whole tree under the mount prefix in the background,
-    /// one ListObjectsV2 stream per top-level directory, 32 at once, so a walk
-    /// or a loader finds every listing cached. For data sets read whole.
+    /// A directory listing more entries than this is not cached: lookups in it
+    /// use HeadObject + a one-key ListObjectsV2, and each opendir lists it for
+    /// itself (docs/OPERATIONS.md, "Huge directories"). Capped at
+    /// `max_cached_entries`. 250,000 entries (~85 MB of listing cache) take
+    /// 250 LIST pages to find out: a lookup waits at most that long before its
+    /// HEAD, and a directory of the 100,000 files a loader typically reads is
+    /// still listed and cached whole. 0: every lookup uses HeadObject +
+    /// ListObjectsV2 (no directory is listed for a lookup).
+    pub max_dir_entries: u64,
+    /// At mount, list the whole tree under the mount prefix in the background
+    /// (ListObjectsV2 without delimiter, per subtree and in `StartAfter` key
+    /// ranges, 32 requests at once; see [`tree`]), so a walk or a loader finds
+    /// every listing cached. For data sets read whole.
     pub prefetch_tree: bool,
 }
 
@@ -60,6 +78,7 @@ impl Default for MetaConfig {
             negative_ttl_secs: None,
             max_negative_entries: 100_000,
             max_cached_entries: 1_000_000,
+            max_dir_entries: 250_000,
             prefetch_tree: false,
         }
     }
@@ -83,6 +102,15 @@ impl MetaConfig {
     /// Negative-lookup TTL (lakemount's cache and the kernel's).
     pub fn negative_ttl(&self) -> Duration {
         secs(self.negative_ttl_secs.unwrap_or(self.ttl_secs))
+    }
+
+    /// Entries above which a directory is not cached (`max_dir_entries`,
+    /// at most `max_cached_entries`).
+    pub fn huge_dir_entries(&self) -> usize {
+        self.max_dir_entries
+            .min(self.max_cached_entries)
+            .try_into()
+            .unwrap_or(usize::MAX)
     }
 }
 
@@ -114,6 +142,8 @@ pub struct Meta<S> {
     /// (directory prefix, name) found missing -> when the listing that showed
     /// it missing was fetched (the entry is trusted for the negative TTL from then).
     negative: moka::sync::Cache<(String, String), std::time::Instant>,
+    /// Directories found to hold more than `max_dir_entries`, for the TTL.
+    huge: moka::sync::Cache<String, ()>,
     /// The inode table.
     pub inodes: InodeTable,
 }
@@ -132,12 +162,17 @@ impl<S: ObjectStore> Meta<S> {
             .max_capacity(config.max_negative_entries.max(1))
             .time_to_live(config.negative_ttl().max(Duration::from_millis(1)))
             .build();
+        let huge = moka::sync::Cache::builder()
+            .max_capacity(MAX_HUGE_DIRS)
+            .time_to_live(config.ttl().max(Duration::from_millis(1)))
+            .build();
         Self {
             store,
             inodes: InodeTable::new(root_prefix),
             config,
             listings,
             negative,
+            huge,
         }
     }
 
@@ -147,29 +182,63 @@ impl<S: ObjectStore> Meta<S> {
     }
 
     /// The listing of the directory at `prefix`, from the cache when fresh.
-    /// Concurrent callers for one directory share one listing.
+    /// Concurrent callers for one directory share one listing. A directory too
+    /// large to cache is listed whole for this caller alone.
     /// Errors: the store's, after its retries.
     pub async fn listing(&self, prefix: &str) -> Result<Listing, StoreError> {
+        match self.cached_listing(prefix).await? {
+            Some(listing) => Ok(listing),
+            None => Ok(Arc::new(DirListing::new(
+                timed_list(&*self.store, prefix, usize::MAX)
+                    .await?
+                    .expect("no limit"),
+            ))),
+        }
+    }
+
+    /// The cached (or now fetched and cached) listing of `prefix`; `None` when
+    /// the directory holds more than `max_dir_entries` entries.
+    async fn cached_listing(&self, prefix: &str) -> Result<Option<Listing>, StoreError> {
+        if self.huge.contains_key(prefix) {
+            return Ok(None);
+        }
+        let limit = self.config.huge_dir_entries();
         if self.config.ttl().is_zero() {
-            return Ok(Arc::new(DirListing::new(
-                timed_list(&*self.store, prefix).await?,
-            )));
+            let listed = timed_list(&*self.store, prefix, limit).await?;
+            return Ok(listed.map(|e| Arc::new(DirListing::new(e))));
         }
         if let Some(hit) = self.listings.get(prefix).await {
             metrics::counter!(m::META_LISTING_CACHE, "result" => "hit").increment(1);
-            return Ok(hit);
+            return Ok(Some(hit));
         }
         metrics::counter!(m::META_LISTING_CACHE, "result" => "miss").increment(1);
         let store = self.store.clone();
         let key = prefix.to_string();
-        self.listings
+        let result = self
+            .listings
             .try_get_with(prefix.to_string(), async move {
-                timed_list(&*store, &key)
-                    .await
-                    .map(|e| Arc::new(DirListing::new(e)))
+                match timed_list(&*store, &key, limit).await {
+                    Ok(Some(e)) => Ok(Arc::new(DirListing::new(e))),
+                    Ok(None) => Err(None),
+                    Err(e) => Err(Some(e)),
+                }
             })
-            .await
-            .map_err(|e| (*e).clone())
+            .await;
+        match result {
+            Ok(listing) => Ok(Some(listing)),
+            Err(e) => match &*e {
+                Some(store_error) => Err(store_error.clone()),
+                None => {
+                    if !self.huge.contains_key(prefix) {
+                        warn!(prefix = %prefix.escape_debug(), max_dir_entries = limit,
+                            "directory too large to cache: lookups in it use HeadObject");
+                        metrics::counter!(m::META_HUGE_DIRS).increment(1);
+                        self.huge.insert(prefix.to_string(), ());
+                    }
+                    Ok(None)
+                }
+            },
+        }
     }
 
     /// Finds `name` in the directory at `prefix`. `Ok(None)`: no such entry
@@ -185,59 +254,103 @@ impl<S: ObjectStore> Meta<S> {
             metrics::counter!(m::META_NEGATIVE_CACHE, "result" => "hit").increment(1);
             return Ok(None);
         }
-        let listing = self.listing(prefix).await?;
-        let entries = &listing.entries;
-        let found = entries
-            .binary_search_by(|e| e.name.as_bytes().cmp(name.as_bytes()))
-            .ok()
-            .map(|i| entries[i].clone());
+        let (found, as_of) = match self.cached_listing(prefix).await? {
+            Some(listing) => {
+                let entries = &listing.entries;
+                let found = entries
+                    .binary_search_by(|e| e.name.as_bytes().cmp(name.as_bytes()))
+                    .ok()
+                    .map(|i| entries[i].clone());
+                (found, listing.fetched)
+            }
+            None => {
+                let asked = std::time::Instant::now();
+                (self.find_direct(prefix, name).await?, asked)
+            }
+        };
         if found.is_none() && use_negative {
             metrics::counter!(m::META_NEGATIVE_CACHE, "result" => "miss").increment(1);
-            self.negative.insert(negative_key, listing.fetched);
+            self.negative.insert(negative_key, as_of);
         }
         Ok(found)
     }
 
-    /// Lists the whole tree under `prefix` (see [`tree`]) and caches the listing
-    /// of every directory in it. Returns the number of objects seen.
-    pub async fn prefetch_tree(&self, prefix: &str) -> Result<usize, StoreError> {
-        use futures::StreamExt;
-        let top = timed_list(&*self.store, prefix).await?;
-        let mut objects = 0;
-        let subdirs: Vec<String> = top
-            .iter()
-            .filter(|e| e.kind == EntryKind::Dir)
-            .map(|e| format!("{prefix}{}/", e.name))
-            .collect();
-        objects += top.iter().filter(|e| e.kind == EntryKind::File).count();
-        self.listings
-            .insert(prefix.to_string(), Arc::new(DirListing::new(top)))
-            .await;
-        let mut streams = futures::stream::iter(subdirs.into_iter().map(|dir| {
-            let store = self.store.clone();
-            async move { tree::list_all(&*store, &dir).await.map(|keys| (dir, keys)) }
-        }))
-        .buffer_unordered(tree::TREE_LIST_CONCURRENCY);
-        while let Some(result) = streams.next().await {
-            let (dir, keys) = result?;
-            objects += keys.len();
-            for (p, entries) in tree::build_listings(&dir, &keys) {
-                self.listings
-                    .insert(p, Arc::new(DirListing::new(entries)))
-                    .await;
+    /// Looks `name` up in a directory too large to list: HeadObject of the key
+    /// and ListObjectsV2 of `name/` (delimiter `/`, MaxKeys 1) at once. Any key
+    /// under `name/` makes it a directory (shadowing an object `name`, as in
+    /// a listing); else the object, if any, is the file.
+    async fn find_direct(
+        &self,
+        prefix: &str,
+        name: &str,
+    ) -> Result<Option<ListedEntry>, StoreError> {
+        metrics::counter!(m::META_DIRECT_LOOKUPS).increment(1);
+        let key = format!("{prefix}{name}");
+        let sub = format!("{key}/");
+        let (head, page) = tokio::join!(
+            self.store.head(&key),
+            self.store.list_page(&sub, Some("/"), None, None, 1)
+        );
+        let page = page?;
+        if !page.objects.is_empty() || !page.common_prefixes.is_empty() {
+            if head.is_ok() {
+                warn!(key = %key.escape_debug(),
+                    "object shadowed by a directory of the same name; only the directory is shown");
+                metrics::counter!(m::KEYS_SKIPPED, "reason" => "shadowed").increment(1);
             }
+            return Ok(Some(ListedEntry {
+                name: name.to_string(),
+                kind: EntryKind::Dir,
+                size: 0,
+                etag: String::new(),
+                mtime: None,
+            }));
         }
-        Ok(objects)
+        match head {
+            Ok(meta) => Ok(Some(ListedEntry {
+                name: name.to_string(),
+                kind: EntryKind::File,
+                size: meta.size,
+                etag: meta.etag,
+                mtime: Some(meta.last_modified),
+            })),
+            Err(StoreError::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Lists the whole tree under `prefix` in concurrent key ranges (see
+    /// [`tree`]) and caches the listing of every directory in it.
+    pub async fn prefetch_tree(&self, prefix: &str) -> Result<tree::RangeStats, StoreError> {
+        let (listings, stats) =
+            tree::list_tree(&*self.store, prefix, tree::ListOpts::default()).await?;
+        let limit = self.config.huge_dir_entries();
+        for (p, entries) in listings {
+            if entries.len() > limit {
+                metrics::counter!(m::META_HUGE_DIRS).increment(1);
+                self.huge.insert(p, ());
+                continue;
+            }
+            self.listings
+                .insert(p, Arc::new(DirListing::new(entries)))
+                .await;
+        }
+        Ok(stats)
     }
 }
 
-/// [`listing::list_dir`] with its latency recorded.
+/// Directories remembered as too large to cache, at most. Each is one prefix
+/// string; 10,000 of them are a few hundred KB.
+const MAX_HUGE_DIRS: u64 = 10_000;
+
+/// [`listing::list_dir_upto`] with its latency recorded.
 async fn timed_list<S: ObjectStore>(
     store: &S,
     prefix: &str,
-) -> Result<Vec<ListedEntry>, StoreError> {
+    max_entries: usize,
+) -> Result<Option<Vec<ListedEntry>>, StoreError> {
     let start = std::time::Instant::now();
-    let result = listing::list_dir(store, prefix).await;
+    let result = listing::list_dir_upto(store, prefix, max_entries).await;
     metrics::histogram!(m::META_LISTING_SECONDS).record(start.elapsed().as_secs_f64());
     result
 }

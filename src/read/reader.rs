@@ -430,10 +430,11 @@ mod tests {
             prefix: &str,
             delimiter: Option<&str>,
             continuation: Option<String>,
+            start_after: Option<&str>,
             max_keys: i32,
         ) -> Result<crate::store::ListPage, StoreError> {
             self.inner
-                .list_page(prefix, delimiter, continuation, max_keys)
+                .list_page(prefix, delimiter, continuation, start_after, max_keys)
                 .await
         }
 

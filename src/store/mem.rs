@@ -3,7 +3,7 @@
 //! integration tests run against a real S3 server through a real mount.
 
 use std::collections::BTreeMap;
-use std::ops::Range;
+use std::ops::{Bound, Range};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
@@ -54,6 +54,7 @@ impl ObjectStore for MemStore {
         prefix: &str,
         delimiter: Option<&str>,
         continuation: Option<String>,
+        start_after: Option<&str>,
         max_keys: i32,
     ) -> Result<ListPage, StoreError> {
         self.lists.fetch_add(1, Ordering::Relaxed);
@@ -61,8 +62,16 @@ impl ObjectStore for MemStore {
         let objects = self.objects.lock().unwrap();
         let mut page = ListPage::default();
         let mut count = 0;
-        let after = continuation.unwrap_or_default();
-        for (key, (data, etag)) in objects.range(prefix.to_string()..) {
+        let after = continuation
+            .or(start_after.map(str::to_string))
+            .unwrap_or_default();
+        // Start at the larger of `prefix` (inclusive) and `after` (exclusive).
+        let start = if after.as_str() >= prefix {
+            Bound::Excluded(after.as_str())
+        } else {
+            Bound::Included(prefix)
+        };
+        for (key, (data, etag)) in objects.range::<str, _>((start, Bound::Unbounded)) {
             if !key.starts_with(prefix) {
                 break;
             }
@@ -150,7 +159,7 @@ mod tests {
         let mut names = Vec::new();
         let mut token = None;
         loop {
-            let p = s.list_page("d/", Some("/"), token, 7).await.unwrap();
+            let p = s.list_page("d/", Some("/"), token, None, 7).await.unwrap();
             names.extend(p.objects.into_iter().map(|o| o.key));
             names.extend(p.common_prefixes);
             token = p.next_token;

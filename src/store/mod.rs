@@ -76,11 +76,16 @@ pub enum StoreError {
 pub trait ObjectStore: Send + Sync + 'static {
     /// One ListObjectsV2 page of keys starting with `prefix`, grouped by
     /// `delimiter` when given, at most `max_keys` (<= [`MAX_KEYS_PER_PAGE`]) entries.
+    /// `continuation` resumes a listing (the previous page's `next_token`);
+    /// without it, `start_after` (ListObjectsV2 `StartAfter`) starts the listing
+    /// at the first key that sorts (by UTF-8 bytes) after it. S3 ignores
+    /// `StartAfter` when a continuation token is given.
     fn list_page(
         &self,
         prefix: &str,
         delimiter: Option<&str>,
         continuation: Option<String>,
+        start_after: Option<&str>,
         max_keys: i32,
     ) -> impl Future<Output = Result<ListPage, StoreError>> + Send;
 

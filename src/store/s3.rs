@@ -266,8 +266,14 @@ impl ObjectStore for S3Store {
         prefix: &str,
         delimiter: Option<&str>,
         continuation: Option<String>,
+        start_after: Option<&str>,
         max_keys: i32,
     ) -> Result<ListPage, StoreError> {
+        // S3 ignores StartAfter with a continuation token; send only one.
+        let start_after = match continuation {
+            Some(_) => None,
+            None => start_after.map(str::to_string),
+        };
         let start = Instant::now();
         let res = self
             .client
@@ -276,6 +282,7 @@ impl ObjectStore for S3Store {
             .prefix(prefix)
             .set_delimiter(delimiter.map(str::to_string))
             .set_continuation_token(continuation)
+            .set_start_after(start_after)
             .max_keys(max_keys)
             .send()
             .await;

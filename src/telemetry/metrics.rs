@@ -42,6 +42,14 @@ pub const META_LISTING_CACHE: &str = "lakemount_meta_listing_cache_total";
 pub const META_NEGATIVE_CACHE: &str = "lakemount_meta_negative_cache_total";
 /// Histogram: time to list one whole directory (all pages), seconds.
 pub const META_LISTING_SECONDS: &str = "lakemount_meta_listing_seconds";
+/// Counter: lookups answered by HeadObject + a one-key ListObjectsV2 because
+/// the directory is too large to list (`metadata.max_dir_entries`).
+pub const META_DIRECT_LOOKUPS: &str = "lakemount_meta_direct_lookups_total";
+/// Gauge: inodes in the inode table (root included): what the kernel holds
+/// lookups of; shrinks as the kernel sends `forget`.
+pub const META_INODES: &str = "lakemount_meta_inodes";
+/// Counter: directory listings given up at `metadata.max_dir_entries` entries.
+pub const META_HUGE_DIRS: &str = "lakemount_meta_huge_dirs_total";
 
 /// Counter: cache block hits, label `tier` (memory, disk).
 pub const CACHE_HITS: &str = "lakemount_cache_hits_total";
