@@ -77,6 +77,22 @@ struct Index {
     free: u64,
 }
 
+impl Index {
+    /// Adds `pk` as most recently used, last read at `at`, counting its bytes.
+    fn insert(&mut self, pk: PieceKey, alloc: u64, at: SystemTime, writing: bool) {
+        self.total += alloc;
+        self.lru.push(
+            pk,
+            Entry {
+                alloc,
+                last_access: at,
+                persisted: at,
+                writing,
+            },
+        );
+    }
+}
+
 /// Running latency baseline of cache reads, for the failing-device warning.
 struct Latency {
     slow: f64,
@@ -292,17 +308,7 @@ impl DiskCache {
             }
             None => {
                 // Found by path before the scan indexed it.
-                let alloc = alloc_size(buf.len() as u64);
-                ix.total += alloc;
-                ix.lru.push(
-                    pk,
-                    Entry {
-                        alloc,
-                        last_access: now,
-                        persisted: now,
-                        writing: false,
-                    },
-                );
+                ix.insert(pk, alloc_size(buf.len() as u64), now, false);
                 true
             }
         };
@@ -353,17 +359,7 @@ impl DiskCache {
                 metrics::counter!(m::CACHE_SKIPPED, "reason" => "full").increment(1);
                 return false;
             };
-            ix.total += alloc;
-            let now = SystemTime::now();
-            ix.lru.push(
-                pk,
-                Entry {
-                    alloc,
-                    last_access: now,
-                    persisted: now,
-                    writing: true,
-                },
-            );
+            ix.insert(pk, alloc, SystemTime::now(), true);
             victims
         };
         self.remove_files(victims);
@@ -574,16 +570,7 @@ impl DiskCache {
                 if ix.lru.peek(&pk).is_some() {
                     continue;
                 }
-                ix.total += alloc;
-                ix.lru.push(
-                    pk,
-                    Entry {
-                        alloc,
-                        last_access: mtime,
-                        persisted: mtime,
-                        writing: false,
-                    },
-                );
+                ix.insert(pk, alloc, mtime, false);
                 ix.lru.demote(&pk);
             }
             self.refresh_limit(&mut ix, true);
