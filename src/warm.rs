@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::cache::human;
 use crate::cli::WarmArgs;
 use crate::fs::{XATTR_CACHE_LIMIT, XATTR_CACHE_USED, XATTR_CACHED};
 
@@ -101,10 +102,6 @@ fn read_through(path: &Path, done: &AtomicU64, bar: &ProgressBar) -> std::io::Re
     }
 }
 
-fn human(bytes: u64) -> String {
-    indicatif::HumanBytes(bytes).to_string()
-}
-
 /// Runs `lakemount warm`. Prints a one-line summary on stdout. Errors: a path
 /// not on a lakemount mount with a data cache, more to fetch than the size
 /// guard allows, or files that could not be read (after reading all others).
@@ -152,9 +149,10 @@ pub fn run_warm(args: &WarmArgs) -> anyhow::Result<Summary> {
         }
         if to_fetch > limit {
             bail!(
-                "{} to fetch is more than the cache can hold ({} limit, {} in use); warming it \
-                 would evict what it just fetched. Nothing read: warm less, raise cache.max_size, \
-                 or --force",
+                "{} to fetch is more than the cache can hold ({} limit, {} in use; the limit is \
+                 min(cache.max_size, in use + free space - cache.min_free)); warming it would \
+                 evict what it just fetched. Nothing read: warm less, free space, raise \
+                 cache.max_size or lower cache.min_free, or --force",
                 human(to_fetch),
                 human(limit),
                 human(used)

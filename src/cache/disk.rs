@@ -33,7 +33,7 @@ use bytes::Bytes;
 use lru::LruCache;
 use tracing::{debug, info, warn};
 
-use super::{CacheConfig, ObjectId, PieceKey, Size};
+use super::{CacheConfig, ObjectId, PieceKey, Size, human};
 use crate::telemetry::metrics as m;
 
 /// Magic at the start of every piece file ("LakeMount Cache v1").
@@ -75,6 +75,9 @@ struct Index {
     limit_checked: Option<Instant>,
     /// Free bytes of the file system at the last check.
     free: u64,
+    /// Free space was at or below the `min_free` reserve at the last check:
+    /// the cache could store nothing new (warned once per episode).
+    at_reserve: bool,
 }
 
 impl Index {
@@ -170,6 +173,7 @@ impl DiskCache {
                 limit: 0,
                 limit_checked: None,
                 free: 0,
+                at_reserve: false,
             }),
             pending: Mutex::new(HashMap::new()),
             pending_bytes: AtomicU64::new(0),
@@ -501,6 +505,26 @@ impl DiskCache {
         let max = self.max_size.bytes(fs_total);
         let reserve = self.min_free.bytes(fs_total);
         ix.limit = max.min(ix.total + free.saturating_sub(reserve));
+        // A cache that silently stores nothing looks like a slow S3: say why,
+        // once when it starts and once when it ends.
+        let at_reserve = free <= reserve && max > ix.total;
+        if at_reserve && !ix.at_reserve {
+            warn!(
+                dir = %self.root.display(),
+                "data cache is not storing anything new: its file system has {} free, not more \
+                 than the cache.min_free reserve of {}; reading from S3 until space is freed \
+                 (free space on the device or lower cache.min_free)",
+                human(free),
+                human(reserve),
+            );
+        } else if !at_reserve && ix.at_reserve {
+            info!(
+                dir = %self.root.display(),
+                "data cache storing again: {} free above the cache.min_free reserve",
+                human(free - reserve.min(free)),
+            );
+        }
+        ix.at_reserve = at_reserve;
         metrics::gauge!(m::CACHE_FS_FREE_BYTES).set(free as f64);
         metrics::gauge!(m::CACHE_LIMIT_BYTES).set(ix.limit as f64);
     }

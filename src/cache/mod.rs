@@ -365,6 +365,11 @@ pub(crate) fn served(source: &'static str, bytes: u64, started: Option<Instant>)
     }
 }
 
+/// `bytes` in binary units for messages ("1.50 GiB").
+pub(crate) fn human(bytes: u64) -> String {
+    indicatif::HumanBytes(bytes).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
