@@ -269,8 +269,18 @@ const ODD_NAMES: &[&str] = &[
     "ümlaut é",
     "日本語.txt",
     "emoji 🎉",
-    "\u{e9}",        // é, one code point (NFC)
-    "e\u{301}",      // é, e + combining accent (NFD): another name
+    "\u{e9}",   // é, one code point (NFC)
+    "e\u{301}", // é, e + combining accent (NFD): another name
+    // Control characters: XML 1.0 cannot carry U+0001..U+001F except tab, LF
+    // and CR, and XML parsers turn CR into LF; listings must ask for
+    // encoding-type=url.
+    "ctl\u{1}x",
+    "bell\u{7}",
+    "tab\tx",
+    "cr\rx",
+    "lf\nx",
+    "del\u{7f}",
+    "a%2Bb",
     "dir a+b%20(c)", // a directory, see below
 ];
 
@@ -314,6 +324,21 @@ fn names_are_exact_utf8_bytes() {
     // A name that is not UTF-8 cannot be a key.
     let bad = m.p("odd").join(OsStr::from_bytes(b"\xff\xfe"));
     assert_errno(std::fs::metadata(bad), libc::ENOENT, "non-UTF-8 name");
+}
+
+#[test]
+fn a_key_with_a_nul_byte_is_skipped_and_logged() {
+    let b = bucket("nul");
+    let s = server();
+    s.put(&b, "d/nul\u{0}x", "n");
+    s.put(&b, "d/ok", "k");
+    let m = Mount::new(&b, &[]);
+    assert_eq!(names(&m.p("d")), vec!["ok".to_string()]);
+    assert!(
+        log_lines_with(&m, &["WARN", "key not shown", "NUL byte"]) >= 1,
+        "{}",
+        m.log()
+    );
 }
 
 #[test]

@@ -14,6 +14,7 @@ use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::Region;
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::types::EncodingType;
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use bytes::Bytes;
 use serde::Deserialize;
@@ -255,6 +256,18 @@ fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     parts.join(": ")
 }
 
+/// Decodes a name of a ListObjectsV2 answer given with `encoding-type=url`:
+/// `%XX` escapes, and `+` for a space (Amazon S3 writes a space as `+` and a
+/// `+` as `%2B`; botocore decodes the same way, with `unquote_plus`). `None`
+/// when the bytes are not UTF-8 (S3 keys are UTF-8).
+fn url_decode(raw: &str) -> Option<String> {
+    let spaced = raw.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced)
+        .decode_utf8()
+        .ok()
+        .map(|c| c.into_owned())
+}
+
 fn to_system_time(t: Option<&aws_smithy_types::DateTime>) -> SystemTime {
     t.and_then(|t| SystemTime::try_from(*t).ok())
         .unwrap_or(SystemTime::UNIX_EPOCH)
@@ -284,6 +297,9 @@ impl ObjectStore for S3Store {
             .set_continuation_token(continuation)
             .set_start_after(start_after)
             .max_keys(max_keys)
+            // XML 1.0 cannot carry most control characters (U+0001..U+001F):
+            // without this, one such key fails the whole page.
+            .encoding_type(EncodingType::Url)
             .send()
             .await;
         let out = match res {
@@ -297,12 +313,28 @@ impl ObjectStore for S3Store {
                 return Err(err);
             }
         };
+        // Decode only when the server says it encoded: one that ignores the
+        // request sends raw keys, where a `%` or `+` is part of the name.
+        let encoded = out.encoding_type() == Some(&EncodingType::Url);
+        let name = |raw: &str| -> Option<String> {
+            if !encoded {
+                return Some(raw.to_string());
+            }
+            let decoded = url_decode(raw);
+            if decoded.is_none() {
+                tracing::warn!(
+                    key = raw,
+                    "ListObjectsV2 returned a URL-encoded key that is not UTF-8; skipped"
+                );
+            }
+            decoded
+        };
         let objects = out
             .contents()
             .iter()
             .filter_map(|o| {
                 Some(ObjectMeta {
-                    key: o.key()?.to_string(),
+                    key: name(o.key()?)?,
                     size: o.size().unwrap_or(0).max(0) as u64,
                     etag: o.e_tag().unwrap_or("").to_string(),
                     last_modified: to_system_time(o.last_modified()),
@@ -312,7 +344,7 @@ impl ObjectStore for S3Store {
         let common_prefixes = out
             .common_prefixes()
             .iter()
-            .filter_map(|p| p.prefix().map(str::to_string))
+            .filter_map(|p| name(p.prefix()?))
             .collect();
         let truncated = out.is_truncated().unwrap_or(false);
         let next_token = out.next_continuation_token().map(str::to_string);
@@ -408,5 +440,28 @@ impl ObjectStore for S3Store {
                 body.len()
             )))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::url_decode;
+
+    #[test]
+    fn url_decoding_of_listed_names() {
+        assert_eq!(url_decode("a+b").as_deref(), Some("a b"));
+        assert_eq!(url_decode("a%2Bb").as_deref(), Some("a+b"));
+        assert_eq!(url_decode("a%20b").as_deref(), Some("a b"));
+        assert_eq!(url_decode("a%2520b").as_deref(), Some("a%20b"));
+        assert_eq!(url_decode("ctl%01x/%0D").as_deref(), Some("ctl\u{1}x/\r"));
+        assert_eq!(
+            url_decode("%C3%A9t%C3%A9").as_deref(),
+            Some("\u{e9}t\u{e9}")
+        );
+        assert_eq!(url_decode("d/%E6%97%A5").as_deref(), Some("d/\u{65e5}"));
+        // Not UTF-8.
+        assert_eq!(url_decode("%FF%FE"), None);
+        // A stray `%` is kept as it is.
+        assert_eq!(url_decode("100%").as_deref(), Some("100%"));
     }
 }
