@@ -29,6 +29,10 @@ import harness as h  # noqa: E402
 
 SHARDS = h.SHARD_KEYS[:2]  # 2 x 1 GiB
 SYSTEMS = ["local-disk", "lakemount", "rclone-full"]
+GIB = 1 << 30
+# Room one system's cache needs: the 2 GiB of shards, the 20,000 small files
+# (~0.2 GiB), and allocation slack.
+CACHE_NEED = 3 * GIB
 
 
 def read_shards(root):
@@ -94,6 +98,7 @@ def run_mount_system(name, a, g, bucket, m, cache_dir):
     res = {"cmd": shown}
     for epoch in (1, 2):
         mount = h.Mount(name, cmd, env, mnt, logpath, shown)
+        log_from = os.path.getsize(logpath) if os.path.exists(logpath) else 0
         mount.start()
         try:
             before = g.counters()
@@ -105,9 +110,28 @@ def run_mount_system(name, a, g, bucket, m, cache_dir):
             res[f"rss{epoch}"] = mount.peak_rss_mib()
         finally:
             mount.stop()
+        with open(logpath, "rb") as f:
+            f.seek(log_from)
+            log = f.read().decode("utf-8", "replace")
+        if "data cache is not storing anything new" in log:
+            # The disk is at cache.min_free: a run that measured S3, not the cache.
+            raise RuntimeError(f"{name}: the cache's disk is at its free-space reserve "
+                               f"(see {logpath}); free space and run again")
         res[f"cache_bytes{epoch}"] = du_bytes(cache_dir)
         evict(cache_dir)
     return res
+
+
+def check_space(path, need):
+    """Stops the run when the file system of `path` cannot hold `need` more
+    bytes above lakemount's default free-space reserve (cache.min_free = 5%)."""
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize
+    reserve = st.f_blocks * st.f_frsize * 5 // 100
+    if free < reserve + need:
+        sys.exit(f"cache benchmark: {path} has {free / GIB:.1f} GiB free; it needs "
+                 f"{need / GIB:.1f} GiB for a cache above the default 5% reserve "
+                 f"({reserve / GIB:.1f} GiB): free space first")
 
 
 def run_local(data, m):
@@ -209,6 +233,7 @@ def main():
         g.start()
         bucket = "lakebench-full"
         data = h.make_data(a, "full", g, bucket, a.rawget)
+        check_space(a.bench_dir, CACHE_NEED)
         for i in range(a.runs):
             for s in systems:
                 t = time.monotonic()

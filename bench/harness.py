@@ -62,6 +62,7 @@ WORKLOADS = {
     "rand-256k": ("rand", "fio", "MiB/s"),
     "loader-tar": ("loader", "py", "MiB/s"),
     "loader-small": ("loader", "py", "files/s"),
+    "handles-200": ("loader", "py", "MiB/s"),
     "meta-tree": ("meta", "py", "entries/s"),
     "meta-flat": ("meta", "py", "entries/s"),
     "find-tree": ("meta", "py", "entries/s"),
@@ -87,6 +88,7 @@ WORKLOAD_TEXT = {
     "rand-256k": "fio: 4 readers, random 256 KiB, 1 shard each",
     "loader-tar": "Python: 4 worker processes, tarfile stream of 1 shard each",
     "loader-small": "Python: 8 worker processes open+read JPEG-sized files",
+    "handles-200": "Python: 200 open files (threads) over the 4 shards at spread offsets, 1 MiB reads",
     "meta-tree": "Python: os.walk + os.stat, 100 dirs x 1000 files",
     "meta-flat": "Python: os.walk + os.stat, 1 dir of 100,000 files",
     "find-tree": "find MOUNT/tree -type f | wc -l",
@@ -561,6 +563,9 @@ def py_cmd(workload, root, m):
     w = [sys.executable, os.path.join(HERE, "workloads.py")]
     if workload == "loader-tar":
         return w + ["loader-tar", "--root", root, "--shards", ",".join(SHARD_KEYS), "--secs", str(m["loader_secs"])]
+    if workload == "handles-200":
+        return w + ["handles", "--root", root, "--shards", ",".join(SHARD_KEYS), "--handles", "200",
+                    "--secs", str(m["loader_secs"])]
     if workload == "loader-small":
         return w + ["loader-small", "--root", root, "--dirs", str(m["jpeg_dirs"]), "--per-dir", str(m["jpeg_per"]),
                     "--workers", "8", "--secs", str(m["loader_secs"])]
@@ -594,7 +599,7 @@ def rawget_cmd(workload, rawget, bucket, m):
     if workload.startswith("seq-1j"):
         return base + ["seq", "--bucket", bucket, "--keys", SHARD_KEYS[0], "--concurrency", str(RAW_SEQ_CONCURRENCY),
                        "--max-secs", str(m["seq_secs"])]
-    if workload.startswith("seq-4j") or workload == "loader-tar":
+    if workload.startswith("seq-4j") or workload in ("loader-tar", "handles-200"):
         secs = m["seq_secs"] if workload.startswith("seq") else m["loader_secs"]
         return base + ["seq", "--bucket", bucket, "--keys", ",".join(SHARD_KEYS), "--concurrency",
                        str(RAW_SEQ_CONCURRENCY), "--max-secs", str(secs)]

@@ -111,6 +111,50 @@ def loader_tar(a):
     return _run_workers(_tar_worker, [(p,) for p in shards], a.secs)
 
 
+def handles(a):
+    """`--handles` open files read at once (threads of one process), spread over
+    the shards at evenly spaced offsets, each read front to back in 1 MiB reads
+    for `--secs`: many open shards, as a loader with many workers has, to show
+    the read-ahead memory budget holding (the harness records the daemon's RSS)."""
+    import threading
+
+    shards = [os.path.join(a.root, k) for k in a.shards.split(",") if k]
+    sizes = [os.stat(p).st_size for p in shards]
+    files = [open(shards[i % len(shards)], "rb", buffering=0) for i in range(a.handles)]
+    per_shard = (a.handles + len(shards) - 1) // len(shards)
+    for i, f in enumerate(files):
+        size = sizes[i % len(shards)]
+        f.seek((i // len(shards)) * (size // per_shard) // MIB * MIB)
+    got = [0] * a.handles
+    start_evt = threading.Event()
+    deadline = [0.0]
+
+    def run(i):
+        start_evt.wait()
+        f = files[i]
+        while time.monotonic() < deadline[0]:
+            b = f.read(MIB)
+            if not b:
+                f.seek(0)
+                continue
+            got[i] += len(b)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(a.handles)]
+    for t in threads:
+        t.start()
+    start = time.monotonic()
+    deadline[0] = start + a.secs
+    start_evt.set()
+    for t in threads:
+        t.join()
+    secs = time.monotonic() - start
+    for f in files:
+        f.close()
+    n = sum(got)
+    return {"bytes": n, "secs": round(secs, 4), "mib_per_s": round(n / secs / MIB, 2),
+            "handles": a.handles, "idle_handles": sum(1 for g in got if g == 0)}
+
+
 def loader_small(a):
     names = [
         os.path.join(a.root, "jpeg", f"d{d:03}", f"f{i:04}.jpg")
@@ -277,6 +321,11 @@ def main():
     t.add_argument("--root", required=True)
     t.add_argument("--shards", required=True)
     t.add_argument("--secs", type=float, default=8)
+    hd = sub.add_parser("handles")
+    hd.add_argument("--root", required=True)
+    hd.add_argument("--shards", required=True)
+    hd.add_argument("--handles", type=int, default=200)
+    hd.add_argument("--secs", type=float, default=8)
     s = sub.add_parser("loader-small")
     s.add_argument("--root", required=True)
     s.add_argument("--dirs", type=int, required=True)
@@ -302,7 +351,7 @@ def main():
     e = sub.add_parser("evict")
     e.add_argument("paths", nargs="+")
     a = p.parse_args()
-    fn = {"loader-tar": loader_tar, "loader-small": loader_small, "meta": meta, "walk-tool": walk_tool,
+    fn = {"loader-tar": loader_tar, "handles": handles, "loader-small": loader_small, "meta": meta, "walk-tool": walk_tool,
           "stat-hot": stat_hot, "evict": evict}[a.cmd]
     print(json.dumps(fn(a)), flush=True)
 
