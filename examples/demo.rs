@@ -253,7 +253,8 @@ fn main() -> anyhow::Result<()> {
     );
     println!("  directory walk found {listed} files");
     println!(
-        "S3 requests seen by the server: ListObjectsV2 {}, HeadObject {}, GetObject {}",
+        "S3 requests seen by the server while reading (after the mount's one start-up \
+         ListObjectsV2 probe): ListObjectsV2 {}, HeadObject {}, GetObject {}",
         server.request_count("ListObjectsV2"),
         server.request_count("HeadObject"),
         server.request_count("GetObject")

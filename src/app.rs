@@ -306,9 +306,28 @@ async fn probe(store: &S3Store, source: &Source, config: &Config) -> anyhow::Res
             }
             Ok(())
         }
-        Err(StoreError::NoSuchBucket) | Err(StoreError::NotFound) => {
+        Err(StoreError::NoSuchBucket) => {
             bail!("bucket {:?} does not exist at {endpoint}", source.bucket)
         }
+        // A 404 without S3's NoSuchBucket code: often not an S3 endpoint at all.
+        Err(StoreError::NotFound) => bail!(
+            "{endpoint} answered 404 Not Found to ListObjectsV2 of bucket {:?}, without the S3 \
+             error code NoSuchBucket: check that it is an S3 endpoint (--endpoint-url) and the \
+             bucket name",
+            source.bucket
+        ),
+        Err(StoreError::NoCredentials(m)) => bail!(
+            "no AWS credentials found for {endpoint} (looked in AWS_ACCESS_KEY_ID/\
+             AWS_SECRET_ACCESS_KEY, the shared profile, web identity, instance metadata: {m}); \
+             set them, pass --profile, or use --no-sign-request for a public bucket"
+        ),
+        Err(StoreError::AccessDenied(m)) if config.s3.no_sign_request => bail!(
+            "access denied listing s3://{}/{} at {endpoint} with unsigned requests \
+             (--no-sign-request) ({m}): the bucket is not public; drop --no-sign-request and \
+             give credentials",
+            source.bucket,
+            source.prefix
+        ),
         Err(StoreError::AccessDenied(m)) => bail!(
             "access denied listing s3://{}/{} at {endpoint} ({m}); check the credentials \
              (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, --profile) or use --no-sign-request \

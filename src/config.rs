@@ -55,7 +55,8 @@ pub struct Config {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read config file {path}: {source}")]
+    // The cause is the `source()`: anyhow's `{:#}` appends it once.
+    #[error("cannot read config file {path}")]
     Read {
         /// File path.
         path: String,

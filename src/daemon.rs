@@ -15,9 +15,19 @@ use anyhow::{Context, bail};
 /// Environment variable carrying the child's end of the readiness pipe.
 const READY_FD_ENV: &str = "LAKEMOUNT_DAEMON_READY_FD";
 
+/// Set (to `1`) for a child started without `--log-file`: its stderr is the
+/// parent's terminal until it reports, then `/dev/null`.
+const SHARED_STDERR_ENV: &str = "LAKEMOUNT_DAEMON_SHARED_STDERR";
+
 /// Whether this process is the detached child.
 pub fn is_child() -> bool {
     std::env::var_os(READY_FD_ENV).is_some()
+}
+
+/// Whether this is a child writing to its parent's stderr, which prints the
+/// child's failure itself (so the child must not print it again).
+pub fn shares_parent_stderr() -> bool {
+    is_child() && std::env::var_os(SHARED_STDERR_ENV).is_some()
 }
 
 /// Starts the child and waits for its word. Errors: the child's own reason.
@@ -40,9 +50,14 @@ pub fn spawn_and_wait(log_file: Option<&Path>) -> anyhow::Result<()> {
                 .open(p)
                 .with_context(|| format!("--log-file {}", p.display()))?,
         ),
-        None => Stdio::null(),
+        // Without a log file, what the child logs while it starts (warnings
+        // such as an empty prefix) still reaches the admin's terminal.
+        None => Stdio::inherit(),
     };
     let mut cmd = Command::new(std::env::current_exe().context("locating own executable")?);
+    if log_file.is_none() {
+        cmd.env(SHARED_STDERR_ENV, "1");
+    }
     cmd.args(std::env::args_os().skip(1))
         .env(READY_FD_ENV, fds[1].to_string())
         .stdin(Stdio::null())
@@ -92,9 +107,18 @@ fn send(msg: &str) {
     let _ = writeln!(f, "{msg}");
 }
 
-/// Tells a waiting parent the mount is ready (no-op in the foreground).
+/// Tells a waiting parent the mount is ready (no-op in the foreground). A
+/// child sharing the parent's stderr then points its stderr at `/dev/null`:
+/// the terminal it started from may close at any time.
 pub fn report_ready() {
     send("ready");
+    if shares_parent_stderr()
+        && let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null")
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: dup2 of a descriptor we own onto stderr.
+        unsafe { libc::dup2(null.as_raw_fd(), 2) };
+    }
 }
 
 /// Tells a waiting parent why mounting failed (no-op in the foreground).

@@ -1,10 +1,20 @@
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use lakemount::cli::{Cli, Command};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let note = env_source_note(&e);
+            let _ = e.print();
+            if let Some(note) = note {
+                eprintln!("note: {note}");
+            }
+            return ExitCode::from(e.exit_code().clamp(0, 255) as u8);
+        }
+    };
     let result = match &cli.command {
         Command::Mount(args) => lakemount::app::run_mount(args),
         Command::Warm(args) => lakemount::warm::run_warm(args).map(|_| ()),
@@ -12,8 +22,53 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("lakemount: error: {e:#}");
+            // A daemon child's parent prints the reason it was sent.
+            if !lakemount::daemon::shares_parent_stderr() {
+                eprintln!("lakemount: error: {e:#}");
+            }
             ExitCode::FAILURE
         }
     }
+}
+
+/// For a bad value that came from an environment variable rather than the
+/// command line, names the variable and the config key it stands for: clap's
+/// own message names only the flag (`--metadata-ttl <SECS>`), which the admin
+/// never typed.
+fn env_source_note(e: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        e.kind(),
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue
+    ) {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let long = arg.split_whitespace().next()?.strip_prefix("--")?;
+    let typed =
+        std::env::args().any(|a| a == format!("--{long}") || a.starts_with(&format!("--{long}=")));
+    if typed {
+        return None;
+    }
+    let cmd = Cli::command();
+    let found = cmd
+        .get_subcommands()
+        .flat_map(|s| s.get_arguments())
+        .chain(cmd.get_arguments())
+        .find(|a| a.get_long() == Some(long))?;
+    let var = found.get_env()?.to_string_lossy().into_owned();
+    std::env::var_os(&var)?;
+    // The help text names the config key in brackets, e.g. "[metadata.ttl_secs]".
+    let help = found.get_help().map(|h| h.to_string()).unwrap_or_default();
+    let key = help
+        .rsplit_once('[')
+        .and_then(|(_, k)| k.split_once(']'))
+        .map(|(k, _)| k)
+        .filter(|k| k.contains('.') && !k.contains(' '));
+    Some(match key {
+        Some(key) => format!("the value came from environment variable {var} (config key {key})"),
+        None => format!("the value came from environment variable {var}"),
+    })
 }

@@ -138,6 +138,94 @@ fn access_denied_fails_with_reason() {
 }
 
 #[test]
+fn a_bad_value_from_the_environment_names_the_variable_and_key() {
+    let dir = TempDir::new("badenv");
+    let o = run(lakemount_cmd(&server().endpoint())
+        .env("LAKEMOUNT_METADATA_TTL", "abc")
+        .args(["mount", "s3://whatever"])
+        .arg(&dir.0));
+    assert_ne!(o.status.code(), Some(0));
+    let e = stderr(&o);
+    assert!(
+        e.contains("environment variable LAKEMOUNT_METADATA_TTL")
+            && e.contains("metadata.ttl_secs"),
+        "{e}"
+    );
+    // Typed on the command line: clap's message alone, no note.
+    let o = run(lakemount_cmd(&server().endpoint())
+        .args(["mount", "s3://whatever", "--metadata-ttl", "abc"])
+        .arg(&dir.0));
+    assert!(
+        !stderr(&o).contains("environment variable"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn missing_credentials_fail_with_one_clear_reason() {
+    let b = bucket("nocreds");
+    let dir = TempDir::new("nocreds");
+    let home = TempDir::new("nocreds-home");
+    let o = run(lakemount_cmd(&server().endpoint())
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AWS_PROFILE")
+        .env_remove("RUST_LOG")
+        .env("HOME", &home.0)
+        .args(["mount", &format!("s3://{b}")])
+        .arg(&dir.0));
+    assert_eq!(o.status.code(), Some(1));
+    let r = reason(&o);
+    assert!(
+        r.contains("no AWS credentials found") && r.contains("--profile"),
+        "{}",
+        stderr(&o)
+    );
+    // The credential chain's own long warnings stay out of the default log.
+    assert!(!stderr(&o).contains("WARN aws_config"), "{}", stderr(&o));
+}
+
+#[test]
+fn unsigned_requests_to_a_private_bucket_say_to_drop_the_flag() {
+    let b = bucket("unsigned");
+    let dir = TempDir::new("unsigned");
+    let o = run(lakemount_cmd(&server().endpoint())
+        .args(["mount", &format!("s3://{b}"), "--no-sign-request"])
+        .arg(&dir.0));
+    assert_eq!(o.status.code(), Some(1));
+    let r = reason(&o);
+    assert!(r.contains("drop --no-sign-request"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_plain_404_from_a_non_s3_server_is_not_called_a_missing_bucket() {
+    // An HTTP server that answers 404 with no S3 error body to everything.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut c in listener.incoming().flatten().take(20) {
+            let mut buf = [0u8; 8192];
+            let _ = c.read(&mut buf);
+            let _ = c.write_all(
+                b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+        }
+    });
+    let dir = TempDir::new("not-s3");
+    let o = run(lakemount_cmd(&format!("http://127.0.0.1:{port}"))
+        .args(["mount", "s3://some-bucket"])
+        .arg(&dir.0));
+    assert_eq!(o.status.code(), Some(1));
+    let r = reason(&o);
+    assert!(
+        r.contains("404") && r.contains("check that it is an S3 endpoint"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
 fn unreachable_endpoint_fails_with_reason() {
     // Bind then drop a listener: nothing listens on that port now.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -226,6 +314,22 @@ fn daemon_returns_once_mounted_and_umount_stops_it() {
         .arg("--daemon"));
     assert_eq!(o.status.code(), Some(1));
     assert!(reason(&o).contains("does not exist"), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o).matches("does not exist").count(),
+        1,
+        "{}",
+        stderr(&o)
+    );
+    // Without --log-file, a warning logged while the daemon starts reaches the
+    // terminal (here: an empty prefix); `output()` returning at all shows the
+    // daemon let go of that terminal once mounted.
+    let o = run(lakemount_cmd(&server().endpoint())
+        .args(["mount", &format!("s3://{b}/no-such-prefix")])
+        .arg(&mnt)
+        .arg("--daemon"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("holds no objects"), "{}", stderr(&o));
+    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
 }
 
 #[test]

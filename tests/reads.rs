@@ -156,6 +156,21 @@ fn reads_at_or_past_eof_return_zero_bytes() {
 }
 
 #[test]
+fn isatty_on_a_file_is_enotty_without_a_warning() {
+    // Python's open() asks isatty() (ioctl TCGETS) of every file it opens.
+    let b = bucket("ioctl");
+    server().put(&b, "f", "x");
+    let m = MountSpec::new(&b).mount();
+    let f = File::open(m.p("f")).unwrap();
+    // SAFETY: a valid open descriptor.
+    let tty = unsafe { libc::isatty(std::os::fd::AsRawFd::as_raw_fd(&f)) };
+    let err = std::io::Error::last_os_error().raw_os_error();
+    assert_eq!((tty, err), (0, Some(libc::ENOTTY)));
+    let log = m.log();
+    assert!(!log.contains("Not Implemented"), "{log}");
+}
+
+#[test]
 fn overwrite_during_read_gives_old_bytes_or_error_never_a_mix() {
     let b = bucket("pin");
     let s = server();

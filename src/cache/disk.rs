@@ -720,7 +720,13 @@ fn statvfs(p: &Path) -> Option<(u64, u64)> {
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return None;
     }
-    let unit = st.f_frsize as u64;
+    // f_blocks and f_bavail count fragments; a file system that leaves
+    // f_frsize 0 means its block size (statvfs(3)).
+    let unit = if st.f_frsize > 0 {
+        st.f_frsize as u64
+    } else {
+        st.f_bsize as u64
+    };
     Some((st.f_blocks as u64 * unit, st.f_bavail as u64 * unit))
 }
 

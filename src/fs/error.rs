@@ -50,7 +50,7 @@ impl FsError {
             FsError::Store(e) => match e {
                 StoreError::NotFound => libc::ENOENT,
                 StoreError::PreconditionFailed => libc::ESTALE,
-                StoreError::AccessDenied(_) => libc::EACCES,
+                StoreError::AccessDenied(_) | StoreError::NoCredentials(_) => libc::EACCES,
                 StoreError::NoSuchBucket
                 | StoreError::InvalidRange
                 | StoreError::Throttled(_)

@@ -7,9 +7,10 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyXattr,
+    Request,
 };
 use tracing::{debug, warn};
 
@@ -298,6 +299,25 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
     ) {
         self.fs.releasedir(fh.0);
         reply.ok();
+    }
+
+    /// No ioctl is supported: ENOTTY, the answer of a regular file on any
+    /// local file system. Python's `open()` asks `isatty()` (TCGETS) of every
+    /// file it opens; fuser's default answer logged a warning each time.
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        debug!(ino = ino.0, cmd, "ioctl: not supported (ENOTTY)");
+        reply.error(Errno::ENOTTY);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {

@@ -57,6 +57,10 @@ pub enum StoreError {
     /// Access denied (403) or bad credentials.
     #[error("access denied: {0}")]
     AccessDenied(String),
+    /// No credentials could be loaded from any source of the AWS chain, so no
+    /// request was sent (EACCES in the file system).
+    #[error("no usable AWS credentials: {0}")]
+    NoCredentials(String),
     /// The requested range is not satisfiable (416).
     #[error("requested range not satisfiable")]
     InvalidRange,

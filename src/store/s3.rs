@@ -212,11 +212,7 @@ where
             "timeout".into(),
         ),
         SdkError::DispatchFailure(_) if caused_by_credentials(&err) => (
-            StoreError::AccessDenied(format!(
-                "no usable AWS credentials (environment, profile, web identity, instance \
-                 metadata): {}",
-                error_chain(&err)
-            )),
+            StoreError::NoCredentials(error_chain(&err)),
             "credentials".into(),
         ),
         SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
@@ -247,7 +243,14 @@ fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut cur = Some(err);
     while let Some(e) = cur {
-        let text = e.to_string();
+        // One line: some SDK errors list their causes on indented lines.
+        let text = e
+            .to_string()
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ");
         if !parts.iter().any(|p| p.contains(&text)) {
             parts.push(text);
         }

@@ -12,8 +12,12 @@ pub fn init_logging(level: &str) -> anyhow::Result<()> {
         Ok(v) if !v.is_empty() => EnvFilter::try_new(v)?,
         // fuser warns on every clean unmount ("Failed to umount ... EINVAL",
         // its second unmount of an already unmounted path): keep its errors only.
-        _ if !level.contains('=') => EnvFilter::try_new(format!("{level},fuser::session=error"))
-            .map_err(|e| anyhow::anyhow!("telemetry.log_level: bad value {level:?}: {e}"))?,
+        // The AWS credential chain warns, in long lines, for every source it
+        // tries and misses; the mount's own error names what was looked for.
+        _ if !level.contains('=') => EnvFilter::try_new(format!(
+            "{level},fuser::session=error,aws_config::meta::credentials=error"
+        ))
+        .map_err(|e| anyhow::anyhow!("telemetry.log_level: bad value {level:?}: {e}"))?,
         _ => EnvFilter::try_new(level)
             .map_err(|e| anyhow::anyhow!("telemetry.log_level: bad value {level:?}: {e}"))?,
     };
