@@ -16,10 +16,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::read::Segments;
 use crate::store::{ObjectStore, StoreError};
 use crate::telemetry::metrics as m;
 pub use disk::DiskCache;
@@ -245,7 +246,7 @@ impl Cache {
         etag: &str,
         size: u64,
         range: std::ops::Range<u64>,
-    ) -> Result<Bytes, StoreError> {
+    ) -> Result<Segments, StoreError> {
         debug_assert!(range.start < range.end && range.end <= size);
         let bs = self.block_size;
         let obj = self.object_id(key, etag);
@@ -326,34 +327,26 @@ impl Cache {
                 }
             }
         }
-        // Cut the requested range out of the blocks.
-        let mut out = BytesMut::with_capacity((range.end - range.start) as usize);
-        let mut single = None;
+        // The requested range out of the blocks, as segments: no copy.
+        let mut out = Segments::new();
         for (i, b) in blocks.into_iter().enumerate() {
             let b = b.ok_or_else(|| StoreError::Other("cache: block missing".into()))?;
             let bstart = (first + i as u64) * bs;
             let from = range.start.saturating_sub(bstart) as usize;
             let to = ((range.end - bstart) as usize).min(b.len());
-            if from >= to {
-                continue;
-            }
-            let part = b.slice(from..to);
-            if first == last {
-                single = Some(part);
-            } else {
-                out.extend_from_slice(&part);
+            if from < to {
+                out.push(b.slice(from..to));
             }
         }
-        let result = single.unwrap_or_else(|| out.freeze());
-        if result.len() as u64 != range.end - range.start {
+        if out.len() as u64 != range.end - range.start {
             return Err(StoreError::Transient(format!(
                 "GET {key}: got {} bytes for {}..{}",
-                result.len(),
+                out.len(),
                 range.start,
                 range.end
             )));
         }
-        Ok(result)
+        Ok(out)
     }
 }
 

@@ -4,11 +4,13 @@
 
 pub mod budget;
 pub mod reader;
+pub mod segments;
 
 use serde::Deserialize;
 
 pub use budget::MemoryBudget;
 pub use reader::Reader;
+pub use segments::Segments;
 
 /// Read-path settings (`[read]` in the config file). Sizes in bytes.
 #[derive(Clone, Debug, Deserialize, PartialEq)]

@@ -26,11 +26,12 @@ use futures::future::{BoxFuture, Shared};
 
 use super::ReadConfig;
 use super::budget::{MemoryBudget, ReaderGuard, Reservation};
+use super::segments::Segments;
 use crate::cache::Cache;
 use crate::store::{ObjectStore, StoreError};
 use crate::telemetry::metrics as m;
 
-type PartFuture = Shared<BoxFuture<'static, Result<Bytes, StoreError>>>;
+type PartFuture = Shared<BoxFuture<'static, Result<Segments, StoreError>>>;
 
 /// One ranged GET, in flight or done.
 struct Part {
@@ -135,10 +136,10 @@ impl<S: ObjectStore> Reader<S> {
         let waited = Instant::now();
         let mut chunks = Vec::with_capacity(wanted.len());
         for (start, data) in wanted {
-            let bytes = data.await?;
+            let segs = data.await?;
             let from = offset.max(start) - start;
-            let to = (end.min(start + bytes.len() as u64) - start).max(from);
-            chunks.push(bytes.slice(from as usize..to as usize));
+            let to = (end.min(start + segs.len() as u64) - start).max(from);
+            chunks.push(segs.slice(from as usize, to as usize));
         }
         metrics::histogram!(m::READ_WAIT_SECONDS).record(waited.elapsed().as_secs_f64());
         Ok(match chunks.len() {
@@ -256,7 +257,10 @@ impl<S: ObjectStore> Reader<S> {
         let task = tokio::spawn(async move {
             match cache {
                 Some(c) => c.get_range(&*store, &key, &etag, size, start..end).await,
-                None => store.get_range(&key, start..end, &etag).await,
+                None => store
+                    .get_range(&key, start..end, &etag)
+                    .await
+                    .map(Segments::from),
             }
         });
         let abort = task.abort_handle();
