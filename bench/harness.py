@@ -323,6 +323,80 @@ api_bind_addr = "127.0.0.1:{self.admin_port}"
         self.proc = None
 
 
+class MemServer:
+    """The s3s-based S3 server of testserver/ (`lakemount-testserver`), data in
+    memory, on loopback. A real S3 protocol server (SigV4, XML listings,
+    ranged and conditional GETs) that stores each object's ETag at PUT and
+    serves GETs from memory: the fastest server this machine can run, so the
+    raw-GET limit is the client's, not the server's. The data set is uploaded
+    at every start (nothing persists). Same interface as Garage."""
+
+    def __init__(self, bench_dir, binary, port_base):
+        self.dir = os.path.join(bench_dir, "memserver")
+        self.binary = binary
+        self.s3_port, self.stats_port = port_base + 10, port_base + 13
+        self.endpoint = f"http://127.0.0.1:{self.s3_port}"
+        self.region = "us-east-1"
+        self.key_id = self.secret = None
+        self.proc = None
+        self.buckets = []
+
+    def start(self):
+        os.makedirs(self.dir, exist_ok=True)
+        # Nothing survives a restart: the upload markers of the last run go too.
+        for f in os.listdir(self.dir):
+            if f.startswith("uploaded-"):
+                os.remove(os.path.join(self.dir, f))
+        args = [self.binary, "--port", str(self.s3_port), "--stats-port", str(self.stats_port)]
+        for b in ("lakebench-full", "lakebench-quick"):
+            args += ["--bucket", b]
+        logf = open(os.path.join(self.dir, "server.log"), "a")
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=logf, text=True, start_new_session=True)
+        info = {}
+        for line in self.proc.stdout:
+            k, _, v = line.strip().partition("=")
+            info[k] = v
+            if k == "region":
+                break
+        if "access_key" not in info:
+            raise RuntimeError(f"lakemount-testserver did not start; see {self.dir}/server.log")
+        self.key_id, self.secret, self.region = info["access_key"], info["secret_key"], info["region"]
+        log(f"in-memory S3 server up at {self.endpoint} (pid {self.proc.pid})")
+
+    def bucket(self, name):
+        pass  # created at start
+
+    def counters(self):
+        """S3 requests served so far, by operation (the server's own counters)."""
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.stats_port}/", timeout=10).read().decode()
+        out = {}
+        for line in text.splitlines():
+            m = re.match(r's3_requests\{op="([^"]+)"\}\s+(\d+)$', line)
+            if m:
+                out[m.group(1)] = int(m.group(2))
+        return out
+
+    def version(self):
+        return "lakemount-testserver (in-memory, s3s 0.14; testserver/ of this repo)"
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+def make_server(a, preload=None):
+    """The S3 server of this run, per --server."""
+    if a.server == "memory":
+        return MemServer(a.bench_dir, a.memserver, a.port_base)
+    return Garage(a.bench_dir, a.garage, a.port_base, preload)
+
+
 def s3_env(g):
     env = dict(os.environ)
     # AWS_CA_BUNDLE breaks some clients (rclone) on plain-http loopback; nobody here needs it.
@@ -764,7 +838,7 @@ def versions(g, rawget):
     v = {
         "lakemount": f"{first([lm, '--version'])} (git {rev}{', uncommitted changes in src/' if dirty else ''}; "
                      f"binary built {built}; aws-sdk-s3 {lsdk.group(1) if lsdk else '?'})",
-        "Garage (server)": g.version(),
+        f"{'Garage' if isinstance(g, Garage) else 'in-memory S3'} (server)": g.version(),
         "rclone": first(["rclone", "version"]) if shutil.which("rclone") else "not installed",
         "s3fs": first(["s3fs", "--version"]) if shutil.which("s3fs") else "not installed",
         "mount-s3": first(["mount-s3", "--version"]) if shutil.which("mount-s3") else "not installed",
@@ -872,12 +946,12 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
     if low:
         L.append(f"Where it says LIMIT TOO LOW ({', '.join(low)}), the slowest mount already gets more than a "
                  "third of what the server can deliver to a bare client on this machine: the ratios of those rows "
-                 "are bounded by the server and the shared CPU (Garage, the FUSE daemon and the reader share the "
-                 "cores; Garage needs ~2.4-3.7 ms of CPU per MiB served), not only by the mounts. Compare the "
+                 "are bounded by the server and the shared CPU (the server, the FUSE daemon and the reader share "
+                 "the cores; Garage needs ~2.4-3.7 ms of CPU per MiB served), not only by the mounts. Compare the "
                  "mounts with each other there, and measure on more cores (or with the server on another "
                  "machine) for absolute ratios. See bench/README.md.\n")
 
-    L.append("## S3 requests per run (median, by type, counted by Garage)\n")
+    L.append("## S3 requests per run (median, by type, counted by the server)\n")
     L.append(head)
     L.append(sep)
     for w in workloads:
@@ -929,8 +1003,12 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
     L.append(f"bench/run.sh {' '.join(ctx.get('argv', sys.argv[1:]))}".rstrip())
     L.append("")
     L.append("# server")
-    L.append("LD_PRELOAD=$BENCH_DIR/nodelay.so garage -c $BENCH_DIR/garage/garage.toml server"
-             "   # config written by bench/harness.py; nodelay.so from bench/nodelay/nodelay.c")
+    if isinstance(ctx["garage"], MemServer):
+        L.append("target/release/lakemount-testserver --port 39810 --stats-port 39813 --bucket lakebench-full"
+                 "   # in memory; the data set is uploaded by `rawget put` at every start")
+    else:
+        L.append("LD_PRELOAD=$BENCH_DIR/nodelay.so garage -c $BENCH_DIR/garage/garage.toml server"
+                 "   # config written by bench/harness.py; nodelay.so from bench/nodelay/nodelay.c")
     L.append("")
     L.append("# mounts (one fresh mount per measurement; unmounted with `umount MNT`)")
     for s in systems:
@@ -1027,6 +1105,10 @@ def main():
     p.add_argument("--systems", help="comma-separated subset of " + ",".join(SYSTEMS))
     p.add_argument("--bench-dir", default=os.environ.get("BENCH_DIR") or os.path.join(os.path.dirname(REPO), "bench-data"))
     p.add_argument("--garage", default=os.environ.get("GARAGE_BIN") or shutil.which("garage") or os.path.expanduser("~/.cargo/bin/garage"))
+    p.add_argument("--server", choices=["memory", "garage"], default="memory",
+                   help="S3 server: the in-memory s3s server of testserver/ (default; the fastest, so the raw-GET "
+                        "limit is the client's) or Garage (which hashes every block it serves, bench/README.md)")
+    p.add_argument("--memserver", default=os.path.join(REPO, "target", "release", "lakemount-testserver"))
     p.add_argument("--rawget", default=os.path.join(HERE, "rawget", "target", "release", "rawget"))
     p.add_argument("--nodelay", default=None,
                    help="LD_PRELOAD shim that sets TCP_NODELAY in Garage (bench/nodelay/nodelay.c)")
@@ -1070,9 +1152,9 @@ def main():
     bucket = f"lakebench-{mode_name}"
     a.nodelay = a.nodelay or os.path.join(a.bench_dir, "nodelay.so")
     preload = a.nodelay if a.nodelay and os.path.exists(a.nodelay) else None
-    if not preload:
+    if not preload and a.server == "garage":
         log("WARNING: no TCP_NODELAY shim for Garage: small GETs will stall 40 ms each (see bench/nodelay/nodelay.c)")
-    g = Garage(a.bench_dir, a.garage, a.port_base, preload)
+    g = make_server(a, preload)
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = loadavg()
     log(f"mode {mode_name}, workloads {', '.join(workloads)}, systems {', '.join(systems)}, load {load_before:.2f}")

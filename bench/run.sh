@@ -56,8 +56,8 @@ fi
 export GARAGE_BIN=$garage_bin
 
 # 3. lakemount and the raw-GET client, release builds.
-say "cargo build --release (lakemount)"
-(cd "$repo" && cargo build --release --quiet --bin lakemount)
+say "cargo build --release (lakemount, lakemount-testserver)"
+(cd "$repo" && cargo build --release --quiet --bin lakemount && cargo build --release --quiet -p lakemount-testserver)
 say "cargo build --release (bench/rawget)"
 cargo build --release --quiet --manifest-path "$here/rawget/Cargo.toml"
 

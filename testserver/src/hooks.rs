@@ -37,6 +37,16 @@ impl Hooks {
         lock(&self.counts).get(op).copied().unwrap_or(0)
     }
 
+    /// Every counter: (operation, requests), sorted by operation.
+    pub fn counts(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = lock(&self.counts)
+            .iter()
+            .map(|(k, n)| (k.clone(), *n))
+            .collect();
+        v.sort();
+        v
+    }
+
     /// Sets every counter back to zero.
     pub fn reset_counts(&self) {
         lock(&self.counts).clear();

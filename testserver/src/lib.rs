@@ -319,6 +319,11 @@ impl TestServer {
         self.inner.hooks.count(op)
     }
 
+    /// All request counters: (operation, requests), sorted by operation.
+    pub fn request_counts(&self) -> Vec<(String, u64)> {
+        self.inner.hooks.counts()
+    }
+
     /// Sets all request counters to zero.
     pub fn reset_counts(&self) {
         self.inner.hooks.reset_counts();

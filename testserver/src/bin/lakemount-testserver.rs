@@ -2,24 +2,28 @@
 //!
 //! ```text
 //! lakemount-testserver [--port N] [--bucket NAME]... [--populate-demo] [--tls]
+//!                      [--stats-port N]
 //! ```
 //!
 //! Prints `endpoint=URL` (and `ca=PATH` with `--tls`), plus the credentials, on
-//! stdout, then serves until killed.
+//! stdout, then serves until killed. With `--stats-port`, plain HTTP on that
+//! loopback port answers any request with the request counters, one
+//! `s3_requests{op="GetObject"} 123` line per operation (for the benchmark).
 
 use std::io::Write;
 use std::net::SocketAddr;
 
 use lakemount_testserver::{ACCESS_KEY, REGION, SECRET_KEY, TestServer};
 
-const USAGE: &str =
-    "usage: lakemount-testserver [--port N] [--bucket NAME]... [--populate-demo] [--tls]";
+const USAGE: &str = "usage: lakemount-testserver [--port N] [--bucket NAME]... [--populate-demo] \
+                     [--tls] [--stats-port N]";
 
 struct Args {
     port: u16,
     buckets: Vec<String>,
     populate_demo: bool,
     tls: bool,
+    stats_port: Option<u16>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -28,6 +32,7 @@ fn parse_args() -> Result<Args, String> {
         buckets: Vec::new(),
         populate_demo: false,
         tls: false,
+        stats_port: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -49,6 +54,13 @@ fn parse_args() -> Result<Args, String> {
             }
             "--bucket" => args.buckets.push(value("--bucket")?),
             "--populate-demo" => args.populate_demo = true,
+            "--stats-port" => {
+                args.stats_port = Some(
+                    value("--stats-port")?
+                        .parse()
+                        .map_err(|e| format!("--stats-port: {e}"))?,
+                )
+            }
             "--tls" => args.tls = true,
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
@@ -81,6 +93,33 @@ fn populate_demo(server: &TestServer, bucket: &str) {
         ("empty.bin", ""),
     ] {
         server.put(bucket, k, v.as_bytes().to_vec());
+    }
+}
+
+/// Answers every connection on `127.0.0.1:port` with the request counters
+/// (blocks forever).
+fn serve_stats(server: TestServer, port: u16) -> ! {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap_or_else(|e| {
+        eprintln!("--stats-port {port}: {e}");
+        std::process::exit(1)
+    });
+    loop {
+        let Ok((mut conn, _)) = listener.accept() else {
+            continue;
+        };
+        let mut buf = [0u8; 4096];
+        let _ = conn.read(&mut buf);
+        let body: String = server
+            .request_counts()
+            .iter()
+            .map(|(op, n)| format!("s3_requests{{op=\"{op}\"}} {n}\n"))
+            .collect();
+        let _ = write!(
+            conn,
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
     }
 }
 
@@ -124,6 +163,9 @@ fn main() {
     let _ = writeln!(out, "region={REGION}");
     let _ = out.flush();
     drop(out);
+    if let Some(port) = args.stats_port {
+        serve_stats(server, port);
+    }
     loop {
         std::thread::park();
     }
