@@ -10,7 +10,7 @@ read from the local copy of the data set, also with its page cache dropped.
 
 Systems: local-disk (the limit), lakemount (--cache-dir), rclone-full
 (--vfs-cache-mode full). Counts GETs per epoch from Garage's own metrics.
-Writes a section into bench/RESULTS-cache.md.
+Writes its section of bench/RESULTS.md (the other sections are kept).
 """
 
 import argparse
@@ -149,8 +149,6 @@ def med(runs, key, field="value"):
 
 def write(path, a, g, results, started, finished, load_before, load_after):
     L = []
-    L.append("# Cache epochs: results")
-    L.append("")
     L.append(f"Run {started:%Y-%m-%d %H:%M}-{finished:%H:%M} UTC with `bench/run.sh cache --runs {a.runs}`; "
              f"load average {load_before:.1f} before, {load_after:.1f} after (2 shared cores).")
     mi = h.machine_info()
@@ -207,8 +205,7 @@ def write(path, a, g, results, started, finished, load_before, load_after):
             if "cmd" in r:
                 L.append(f"- {s}: `{r['cmd']}`")
                 break
-    with open(path, "w") as f:
-        f.write("\n".join(L) + "\n")
+    h.save_section(path, "cache", f"Data cache epochs (issue 6), {started:%Y-%m-%d}", L)
 
 
 def main():
@@ -219,7 +216,7 @@ def main():
     p.add_argument("--garage", default=os.environ.get("GARAGE_BIN") or shutil.which("garage") or os.path.expanduser("~/.cargo/bin/garage"))
     p.add_argument("--rawget", default=os.path.join(HERE, "rawget", "target", "release", "rawget"))
     p.add_argument("--port-base", type=int, default=int(os.environ.get("BENCH_PORT_BASE", "39800")))
-    p.add_argument("--results", default=os.path.join(HERE, "RESULTS-cache.md"))
+    p.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"))
     a = p.parse_args()
     a.bench_dir = os.path.abspath(a.bench_dir)
     systems = a.systems.split(",")
