@@ -379,15 +379,8 @@ class MemServer:
     def version(self):
         return "lakemount-testserver (in-memory, s3s 0.14; testserver/ of this repo)"
 
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+    # Stopping a server process is the same for both servers.
+    stop = Garage.stop
 
 
 def make_server(a, preload=None):
