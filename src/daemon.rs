@@ -1,5 +1,6 @@
 //! `--daemon`: the parent re-executes itself as a detached child (new session,
-//! stdio away from the terminal) and waits on a pipe until the child reports
+//! no stdin; stderr to `--log-file`, or the parent's until the child reports,
+//! then `/dev/null`) and waits on a pipe until the child reports
 //! "ready" or an error, so `lakemount mount --daemon` exits 0 only once the
 //! mount is usable. Re-executing, not `fork`, because forking a process that
 //! already runs threads is unsafe.
@@ -85,12 +86,20 @@ pub fn spawn_and_wait(log_file: Option<&Path>) -> anyhow::Result<()> {
             Ok(())
         }
         Some(("error", reason)) => bail!("{reason}"),
-        _ => bail!("the daemon process exited before mounting (see --log-file)"),
+        _ if log_file.is_some() => {
+            bail!("the daemon process exited before mounting (see --log-file)")
+        }
+        _ => bail!("the daemon process exited before mounting (see the messages above)"),
     }
 }
 
 /// Set once the parent got its one message.
 static SENT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process already sent its parent a message (ready or failure).
+pub fn message_sent() -> bool {
+    SENT.load(std::sync::atomic::Ordering::SeqCst)
+}
 
 fn send(msg: &str) {
     if SENT.swap(true, std::sync::atomic::Ordering::SeqCst) {
@@ -116,8 +125,17 @@ pub fn report_ready() {
         && let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null")
     {
         use std::os::fd::AsRawFd;
-        // SAFETY: dup2 of a descriptor we own onto stderr.
-        unsafe { libc::dup2(null.as_raw_fd(), 2) };
+        loop {
+            // SAFETY: dup2 of a descriptor we own onto stderr.
+            if unsafe { libc::dup2(null.as_raw_fd(), 2) } >= 0 {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                tracing::warn!("cannot detach stderr from the terminal: {e}");
+                break;
+            }
+        }
     }
 }
 

@@ -22,8 +22,10 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // A daemon child's parent prints the reason it was sent.
-            if !lakemount::daemon::shares_parent_stderr() {
+            // A daemon child's parent prints the reason it was sent; one that
+            // failed before sending any (bad log filter, a race on the mount
+            // point) prints it on the stderr it shares with the parent.
+            if !(lakemount::daemon::shares_parent_stderr() && lakemount::daemon::message_sent()) {
                 eprintln!("lakemount: error: {e:#}");
             }
             ExitCode::FAILURE
@@ -47,8 +49,11 @@ fn env_source_note(e: &clap::Error) -> Option<String> {
         return None;
     };
     let long = arg.split_whitespace().next()?.strip_prefix("--")?;
-    let typed =
-        std::env::args().any(|a| a == format!("--{long}") || a.starts_with(&format!("--{long}=")));
+    let (flag, flag_eq) = (format!("--{long}"), format!("--{long}="));
+    let typed = std::env::args_os().any(|a| {
+        let a = a.as_encoded_bytes();
+        a == flag.as_bytes() || a.starts_with(flag_eq.as_bytes())
+    });
     if typed {
         return None;
     }

@@ -39,7 +39,7 @@ fn wait_pieces(dir: &Path, n: usize) {
 /// A `[cache]` section for `dir` plus `extra` keys. Unless `extra` sets it,
 /// `min_free = 0`: the default 5% reserve depends on how full the host's disk
 /// is (a CI disk over 95% full caches nothing, by design), which these tests
-/// do not test; `a_cache_at_its_free_space_reserve_says_so` does.
+/// do not test; `a_cache_at_its_free_space_reserve_says_so_and_resumes` does.
 fn cache_toml(dir: &Path, extra: &str) -> String {
     let reserve = if extra.contains("min_free") {
         ""
@@ -327,6 +327,15 @@ fn a_cache_at_its_free_space_reserve_says_so_and_resumes() {
     assert!(read(&m, "f1") == files[1], "f1 differs");
     wait_pieces(&cache, 4);
     assert!(m.log().contains("data cache storing again"), "{}", m.log());
+    // The disk fills up again while the cache holds pieces: it keeps serving
+    // (and would evict to store), so that is no "not storing" episode.
+    let _ = std::fs::write(&filler, vec![1u8; 4 << 20]);
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(read(&m, "f2") == files[2], "f2 differs");
+    assert!(read(&m, "f0") == files[0], "f0 differs");
+    std::thread::sleep(Duration::from_millis(300));
+    let log = m.log();
+    assert_eq!(log.matches("not storing anything new").count(), 1, "{log}");
 }
 
 #[test]

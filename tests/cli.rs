@@ -151,8 +151,9 @@ fn a_bad_value_from_the_environment_names_the_variable_and_key() {
             && e.contains("metadata.ttl_secs"),
         "{e}"
     );
-    // Typed on the command line: clap's message alone, no note.
+    // Typed on the command line (the variable set too): clap's message alone.
     let o = run(lakemount_cmd(&server().endpoint())
+        .env("LAKEMOUNT_METADATA_TTL", "abc")
         .args(["mount", "s3://whatever", "--metadata-ttl", "abc"])
         .arg(&dir.0));
     assert!(
@@ -321,15 +322,32 @@ fn daemon_returns_once_mounted_and_umount_stops_it() {
         stderr(&o)
     );
     // Without --log-file, a warning logged while the daemon starts reaches the
-    // terminal (here: an empty prefix); `output()` returning at all shows the
-    // daemon let go of that terminal once mounted.
-    let o = run(lakemount_cmd(&server().endpoint())
+    // terminal (here: an empty prefix), and the daemon lets go of that
+    // terminal once mounted: its stderr pipe reaches EOF while it runs.
+    let mut child = lakemount_cmd(&server().endpoint())
         .args(["mount", &format!("s3://{b}/no-such-prefix")])
         .arg(&mnt)
-        .arg("--daemon"));
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains("holds no objects"), "{}", stderr(&o));
-    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+        .arg("--daemon")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pipe = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        let _ = tx.send(text);
+    });
+    let text = rx.recv_timeout(std::time::Duration::from_secs(30));
+    let status = child.wait().unwrap();
+    let mounted = is_mounted(&mnt);
+    let _ = Command::new("umount").arg(&mnt).status();
+    let text = text.expect("the daemon kept the terminal's stderr open after mounting");
+    assert!(status.success(), "{text}");
+    assert!(mounted, "{text}");
+    assert!(text.contains("holds no objects"), "{text}");
 }
 
 #[test]

@@ -75,9 +75,12 @@ struct Index {
     limit_checked: Option<Instant>,
     /// Free bytes of the file system at the last check.
     free: u64,
-    /// Free space was at or below the `min_free` reserve at the last check:
-    /// the cache could store nothing new (warned once per episode).
+    /// Free space was at or below the `min_free` reserve at the last check
+    /// and the limit left no room for one block: the cache could store
+    /// nothing new (warned once per episode).
     at_reserve: bool,
+    /// The restart scan has indexed the pieces already on disk.
+    scanned: bool,
 }
 
 impl Index {
@@ -111,6 +114,8 @@ pub struct DiskCache {
     max_size: Size,
     min_free: Size,
     ttl: Duration,
+    /// Bytes of one block (`cache.block_size`).
+    block_size: u64,
     index: Mutex<Index>,
     pending: Mutex<HashMap<PieceKey, Bytes>>,
     pending_bytes: AtomicU64,
@@ -167,6 +172,7 @@ impl DiskCache {
             max_size: config.max_size,
             min_free: config.min_free,
             ttl: Duration::from_secs(config.ttl_secs),
+            block_size: config.block_size,
             index: Mutex::new(Index {
                 lru: LruCache::unbounded(),
                 total: 0,
@@ -174,6 +180,7 @@ impl DiskCache {
                 limit_checked: None,
                 free: 0,
                 at_reserve: false,
+                scanned: false,
             }),
             pending: Mutex::new(HashMap::new()),
             pending_bytes: AtomicU64::new(0),
@@ -506,8 +513,19 @@ impl DiskCache {
         let reserve = self.min_free.bytes(fs_total);
         ix.limit = max.min(ix.total + free.saturating_sub(reserve));
         // A cache that silently stores nothing looks like a slow S3: say why,
-        // once when it starts and once when it ends.
-        let at_reserve = free <= reserve && max > ix.total;
+        // once when it starts and once when it ends. "Nothing": the limit leaves
+        // no room for one block even after evicting everything. A warm cache
+        // held at the reserve is fine (it evicts to store), and before the
+        // restart scan has counted the pieces on disk `total` is not known.
+        let block = alloc_size(HEADER_LEN + self.block_size);
+        let at_reserve = if !ix.scanned {
+            false
+        } else if ix.at_reserve {
+            // Hysteresis: stay until there is room for two blocks.
+            ix.limit < 2 * block
+        } else {
+            ix.limit < block && free <= reserve && max >= block
+        };
         if at_reserve && !ix.at_reserve {
             warn!(
                 dir = %self.root.display(),
@@ -597,6 +615,7 @@ impl DiskCache {
                 ix.insert(pk, alloc, mtime, false);
                 ix.lru.demote(&pk);
             }
+            ix.scanned = true;
             self.refresh_limit(&mut ix, true);
             metrics::gauge!(m::CACHE_DISK_BYTES).set(ix.total as f64);
         }

@@ -211,10 +211,20 @@ where
             StoreError::Transient(format!("timeout: {}", error_chain(&err))),
             "timeout".into(),
         ),
-        SdkError::DispatchFailure(_) if caused_by_credentials(&err) => (
-            StoreError::NoCredentials(error_chain(&err)),
-            "credentials".into(),
-        ),
+        SdkError::DispatchFailure(_) if credentials_error(&err).is_some() => {
+            use aws_credential_types::provider::error::CredentialsError as C;
+            let chain = error_chain(&err);
+            let mapped = match credentials_error(&err) {
+                // No source of the chain had any: the admin must give some.
+                Some(C::CredentialsNotLoaded(_)) => StoreError::NoCredentials(chain),
+                Some(C::ProviderTimedOut(_)) => {
+                    StoreError::Transient(format!("loading AWS credentials timed out: {chain}"))
+                }
+                // An expired SSO session, a refused AssumeRole, a bad profile.
+                _ => StoreError::AccessDenied(format!("loading AWS credentials failed: {chain}")),
+            };
+            (mapped, "credentials".into())
+        }
         SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             (StoreError::Transient(error_chain(&err)), "network".into())
         }
@@ -225,16 +235,19 @@ where
     }
 }
 
-/// Whether the request failed because no credentials could be loaded.
-fn caused_by_credentials(err: &(dyn std::error::Error + 'static)) -> bool {
+/// The credentials error the request failed with, if it failed loading them.
+fn credentials_error<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a aws_credential_types::provider::error::CredentialsError> {
     let mut cur = Some(err);
     while let Some(e) = cur {
-        if e.is::<aws_credential_types::provider::error::CredentialsError>() {
-            return true;
+        if let Some(c) = e.downcast_ref::<aws_credential_types::provider::error::CredentialsError>()
+        {
+            return Some(c);
         }
         cur = e.source();
     }
-    false
+    None
 }
 
 /// The error and its causes on one line, innermost last, without repeats

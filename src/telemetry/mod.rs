@@ -14,9 +14,13 @@ pub fn init_logging(level: &str) -> anyhow::Result<()> {
         // its second unmount of an already unmounted path): keep its errors only.
         // The AWS credential chain warns, in long lines, for every source it
         // tries and misses; the mount's own error names what was looked for.
-        _ if !level.contains('=') => EnvFilter::try_new(format!(
-            "{level},fuser::session=error,aws_config::meta::credentials=error"
-        ))
+        // At debug and trace those lines are what one is looking for: kept.
+        _ if !level.contains('=') => EnvFilter::try_new(match level {
+            "info" | "warn" | "error" => {
+                format!("{level},fuser::session=error,aws_config::meta::credentials=error")
+            }
+            _ => format!("{level},fuser::session=error"),
+        })
         .map_err(|e| anyhow::anyhow!("telemetry.log_level: bad value {level:?}: {e}"))?,
         _ => EnvFilter::try_new(level)
             .map_err(|e| anyhow::anyhow!("telemetry.log_level: bad value {level:?}: {e}"))?,

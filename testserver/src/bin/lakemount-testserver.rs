@@ -108,8 +108,17 @@ fn serve_stats(server: TestServer, port: u16) -> ! {
         let Ok((mut conn, _)) = listener.accept() else {
             continue;
         };
+        // Read the request head (bounded in time: a silent client must not
+        // wedge the endpoint), then answer and close our side cleanly.
+        let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(1)));
+        let mut head = Vec::new();
         let mut buf = [0u8; 4096];
-        let _ = conn.read(&mut buf);
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
+            match conn.read(&mut buf) {
+                Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
+                _ => break,
+            }
+        }
         let body: String = server
             .request_counts()
             .iter()
@@ -120,6 +129,7 @@ fn serve_stats(server: TestServer, port: u16) -> ! {
             "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
+        let _ = conn.shutdown(std::net::Shutdown::Write);
     }
 }
 
