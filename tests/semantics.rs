@@ -327,6 +327,34 @@ fn names_are_exact_utf8_bytes() {
 }
 
 #[test]
+fn servers_that_ignore_or_refuse_encoding_type_list_the_same_names() {
+    // Names a decoder would change if it decoded what was never encoded.
+    let odd = ["a b", "a+b", "a%20b", "a%2Bb", "100%", "\u{e9}t\u{e9}"];
+    for mode in ["ignore", "reject"] {
+        let s = private_server();
+        s.set_list_encoding(mode);
+        let b = bucket_on(&s, &format!("enc-{mode}"));
+        for (i, n) in odd.iter().enumerate() {
+            s.put(&b, &format!("d/{n}"), format!("{i}"));
+        }
+        let m = MountSpec::new(&b).server(&s).mount();
+        let mut want: Vec<String> = odd.iter().map(|n| n.to_string()).collect();
+        want.sort();
+        assert_eq!(names(&m.p("d")), want, "{mode}\n{}", m.log());
+        for (i, n) in odd.iter().enumerate() {
+            assert_eq!(
+                std::fs::read_to_string(m.p(&format!("d/{n}"))).unwrap(),
+                format!("{i}"),
+                "{mode}: {n}"
+            );
+        }
+        if mode == "reject" {
+            assert!(m.log().contains("refused encoding-type=url"), "{}", m.log());
+        }
+    }
+}
+
+#[test]
 fn a_key_with_a_nul_byte_is_skipped_and_logged() {
     let b = bucket("nul");
     let s = server();

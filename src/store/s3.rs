@@ -74,6 +74,9 @@ impl Default for S3Config {
 pub struct S3Store {
     client: aws_sdk_s3::Client,
     bucket: String,
+    /// Listings ask for `encoding-type=url` until the server refuses it once
+    /// (some S3-compatible servers answer 400 or 501); then they list without.
+    url_listing: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl S3Store {
@@ -149,6 +152,7 @@ impl S3Store {
         Ok(Self {
             client: aws_sdk_s3::Client::from_conf(builder.build()),
             bucket: bucket.to_string(),
+            url_listing: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
         })
     }
 
@@ -303,21 +307,41 @@ impl ObjectStore for S3Store {
             Some(_) => None,
             None => start_after.map(str::to_string),
         };
+        use std::sync::atomic::Ordering::Relaxed;
+        let request = |url: bool| {
+            self.client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(prefix)
+                .set_delimiter(delimiter.map(str::to_string))
+                .set_continuation_token(continuation.clone())
+                .set_start_after(start_after.clone())
+                .max_keys(max_keys)
+                // XML 1.0 cannot carry most control characters (U+0001..U+001F):
+                // without this, one such key fails the whole page.
+                .set_encoding_type(url.then_some(EncodingType::Url))
+                .send()
+        };
         let start = Instant::now();
-        let res = self
-            .client
-            .list_objects_v2()
-            .bucket(&self.bucket)
-            .prefix(prefix)
-            .set_delimiter(delimiter.map(str::to_string))
-            .set_continuation_token(continuation)
-            .set_start_after(start_after)
-            .max_keys(max_keys)
-            // XML 1.0 cannot carry most control characters (U+0001..U+001F):
-            // without this, one such key fails the whole page.
-            .encoding_type(EncodingType::Url)
-            .send()
-            .await;
+        let url = self.url_listing.load(Relaxed);
+        let mut res = request(url).await;
+        if url
+            && let Err(SdkError::ServiceError(se)) = &res
+            && matches!(se.raw().status().as_u16(), 400 | 501)
+        {
+            // A server that does not know encoding-type: list without it, and
+            // keep doing so if that works.
+            let plain = request(false).await;
+            if plain.is_ok() {
+                self.url_listing.store(false, Relaxed);
+                tracing::warn!(
+                    "the S3 server refused encoding-type=url in ListObjectsV2 ({}); listing \
+                     without it: keys with control characters will fail their listing page",
+                    se.raw().status().as_u16()
+                );
+            }
+            res = plain;
+        }
         let out = match res {
             Ok(out) => {
                 m::s3_request(m::OP_LIST, "200", start.elapsed());

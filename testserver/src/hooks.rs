@@ -22,6 +22,10 @@ struct Delay {
 /// Shared hook state; every method is thread-safe and never blocks for long.
 #[derive(Debug, Default)]
 pub struct Hooks {
+    /// How ListObjects(V2) treats `encoding-type=url`: 0 honours it (the
+    /// default), 1 ignores it (raw keys, no EncodingType in the answer), 2
+    /// rejects it with 400 InvalidArgument, as some S3-compatible servers do.
+    pub encoding_mode: std::sync::atomic::AtomicU8,
     counts: Mutex<HashMap<String, u64>>,
     failures: Mutex<HashMap<String, (u16, u32)>>,
     delays: Mutex<Vec<Delay>>,

@@ -91,6 +91,7 @@ async fn launch(addr: SocketAddr, tls: Option<TlsAcceptor>) -> io::Result<Launch
     let hooks = Arc::new(Hooks::default());
     let mut builder = S3ServiceBuilder::new(MemS3 {
         storage: storage.clone(),
+        hooks: hooks.clone(),
     });
     builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
     builder.set_access(HookAccess {
@@ -343,6 +344,23 @@ impl TestServer {
     /// none). A zero `delay` removes the rule for this `(op, key_prefix)`.
     pub fn set_delay(&self, op: &str, key_prefix: &str, delay: Duration) {
         self.inner.hooks.set_delay(op, key_prefix, delay);
+    }
+
+    /// How listings treat `encoding-type=url` from now on: `"honour"` (the
+    /// default; keys %-encoded, EncodingType echoed), `"ignore"` (raw keys, no
+    /// EncodingType in the answer) or `"reject"` (400 InvalidArgument).
+    /// Panics on another value.
+    pub fn set_list_encoding(&self, mode: &str) {
+        let v = match mode {
+            "honour" => 0,
+            "ignore" => 1,
+            "reject" => 2,
+            other => panic!("set_list_encoding: unknown mode {other:?}"),
+        };
+        self.inner
+            .hooks
+            .encoding_mode
+            .store(v, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Stops accepting connections and drops open ones (shortly after the call

@@ -16,6 +16,8 @@ const MAX_KEYS: i32 = 1000;
 /// The S3 front end: stateless apart from the shared storage.
 pub struct MemS3 {
     pub(crate) storage: Arc<Storage>,
+    /// Test knobs (here: how listings treat `encoding-type`).
+    pub(crate) hooks: Arc<crate::hooks::Hooks>,
 }
 
 fn storage_err(e: StorageError) -> S3Error {
@@ -317,7 +319,7 @@ impl S3 for MemS3 {
         &self,
         req: S3Request<ListObjectsInput>,
     ) -> S3Result<S3Response<ListObjectsOutput>> {
-        let i = req.input;
+        let mut i = req.input;
         let max_keys = i.max_keys.unwrap_or(MAX_KEYS).clamp(0, MAX_KEYS);
         let prefix = i.prefix.clone().unwrap_or_default();
         let page = self
@@ -330,6 +332,19 @@ impl S3 for MemS3 {
                 max_keys as usize,
             )
             .map_err(storage_err)?;
+        let mode = self
+            .hooks
+            .encoding_mode
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if mode == 2 && i.encoding_type.is_some() {
+            return Err(S3Error::with_message(
+                S3ErrorCode::InvalidArgument,
+                "encoding-type is not supported",
+            ));
+        }
+        if mode == 1 {
+            i.encoding_type = None;
+        }
         let url = i
             .encoding_type
             .as_ref()
@@ -357,7 +372,7 @@ impl S3 for MemS3 {
         &self,
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
-        let i = req.input;
+        let mut i = req.input;
         let max_keys = i.max_keys.unwrap_or(MAX_KEYS).clamp(0, MAX_KEYS);
         let prefix = i.prefix.clone().unwrap_or_default();
         let after = match &i.continuation_token {
@@ -380,6 +395,19 @@ impl S3 for MemS3 {
             )
             .map_err(storage_err)?;
 
+        let mode = self
+            .hooks
+            .encoding_mode
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if mode == 2 && i.encoding_type.is_some() {
+            return Err(S3Error::with_message(
+                S3ErrorCode::InvalidArgument,
+                "encoding-type is not supported",
+            ));
+        }
+        if mode == 1 {
+            i.encoding_type = None;
+        }
         let url = i
             .encoding_type
             .as_ref()
