@@ -327,7 +327,10 @@ impl Cache {
                 }
             }
         }
-        // The requested range out of the blocks, as segments: no copy.
+        // The requested range out of the blocks, as segments: whole blocks
+        // are shared, not copied. A block used only in part is copied, so the
+        // caller holds just the bytes it asked for (and reserved in the
+        // read-ahead budget), not the rest of an edge block.
         let mut out = Segments::new();
         for (i, b) in blocks.into_iter().enumerate() {
             let b = b.ok_or_else(|| StoreError::Other("cache: block missing".into()))?;
@@ -335,7 +338,11 @@ impl Cache {
             let from = range.start.saturating_sub(bstart) as usize;
             let to = ((range.end - bstart) as usize).min(b.len());
             if from < to {
-                out.push(b.slice(from..to));
+                out.push(if to - from == b.len() {
+                    b
+                } else {
+                    Bytes::copy_from_slice(&b[from..to])
+                });
             }
         }
         if out.len() as u64 != range.end - range.start {
