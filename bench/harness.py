@@ -432,7 +432,8 @@ def make_data(a, mode, g, bucket, rawget):
     up = os.path.join(g.dir, f"uploaded-{bucket}.json")
     have = json.load(open(up)) if os.path.exists(up) else None
     if have != spec:
-        log(f"uploading the {mode} data set to s3://{bucket} (once per Garage data dir)")
+        log(f"uploading the {mode} data set to s3://{bucket} (at every start of the in-memory server; "
+            "once per Garage data dir)")
         for sub in ("shards", "tree", "flat", "jpeg"):
             r = run([rawget, "put", "--bucket", bucket, "--dir", f"{data}/{sub}", "--prefix", f"{sub}/",
                      "--concurrency", "32"], env=s3_env(g))
@@ -563,7 +564,7 @@ def mount_factory(name, a, g, bucket, write_secrets=True):
             extra = ["--vfs-cache-mode", "full", "--cache-dir", cache, "--vfs-cache-max-size", "20G",
                      "--vfs-read-ahead", "128M", "--vfs-fast-fingerprint"]
         cmd = ["rclone", "mount", f"bench:{bucket}", mnt, *common, *extra]
-        shown = "RCLONE_CONFIG_BENCH_*=(s3, Other, endpoint, region garage, path style) " + " ".join(cmd)
+        shown = f"RCLONE_CONFIG_BENCH_*=(s3, Other, endpoint, region {g.region}, path style) " + " ".join(cmd)
 
         def make():
             if name == "rclone-full":
@@ -1017,7 +1018,9 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
     L.append("")
     L.append("# server")
     if isinstance(ctx["garage"], MemServer):
-        L.append("target/release/lakemount-testserver --port 39810 --stats-port 39813 --bucket lakebench-full"
+        srv = ctx["garage"]
+        L.append(f"target/release/lakemount-testserver --port {srv.s3_port} --stats-port {srv.stats_port} "
+                 "--bucket lakebench-full --bucket lakebench-quick"
                  "   # in memory; the data set is uploaded by `rawget put` at every start")
     else:
         L.append("LD_PRELOAD=$BENCH_DIR/nodelay.so garage -c $BENCH_DIR/garage/garage.toml server"
@@ -1184,7 +1187,7 @@ def main():
         g.start()
         t = time.monotonic()
         data = make_data(a, mode_name, g, bucket, a.rawget)
-        setup_log.append(f"data sets ready in {time.monotonic() - t:.0f} s (generated and uploaded only when missing)")
+        setup_log.append(f"data sets ready in {time.monotonic() - t:.0f} s (generated when missing; uploaded when the server lacks them)")
         ctx = {"args": a, "mode": m, "mode_name": mode_name, "garage": g, "bucket": bucket, "rawget": a.rawget,
                "data": data, "tmp": tmp, "suites": wanted, "results": results, "factories": {},
                "versions": versions(g, a.rawget)}

@@ -45,10 +45,14 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
 fi
 
-# 2. Garage, the S3 server: built once from crates.io (about 20 minutes on 2 cores).
+# 2. Garage, built once from crates.io (about 20 minutes on 2 cores), only where it
+# is used: `--server garage`, and the cache benchmark.
+needs_garage=0
+[[ ${1:-} == cache ]] && needs_garage=1
+for arg in "$@"; do [[ $arg == garage || $arg == --server=garage ]] && needs_garage=1; done
 garage_bin=${GARAGE_BIN:-$(command -v garage || true)}
 if [[ -z $garage_bin && -x $HOME/.cargo/bin/garage ]]; then garage_bin=$HOME/.cargo/bin/garage; fi
-if [[ -z $garage_bin ]]; then
+if [[ -z $garage_bin && $needs_garage == 1 ]]; then
     say "garage not found: cargo install garage --locked (about 20 minutes, once)"
     cargo install garage --locked >&2
     garage_bin=$HOME/.cargo/bin/garage
