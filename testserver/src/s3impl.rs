@@ -20,6 +20,28 @@ pub struct MemS3 {
     pub(crate) hooks: Arc<crate::hooks::Hooks>,
 }
 
+impl MemS3 {
+    /// Applies the test knob on `encoding-type` to a listing request: refuse
+    /// it (400 InvalidArgument), drop it (answer raw, unencoded), or keep it.
+    fn apply_encoding_mode(&self, requested: &mut Option<EncodingType>) -> S3Result<()> {
+        match self
+            .hooks
+            .encoding_mode
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            2 if requested.is_some() => Err(S3Error::with_message(
+                S3ErrorCode::InvalidArgument,
+                "encoding-type is not supported",
+            )),
+            1 => {
+                *requested = None;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 fn storage_err(e: StorageError) -> S3Error {
     match e {
         StorageError::NoSuchBucket => S3Error::new(S3ErrorCode::NoSuchBucket),
@@ -332,19 +354,7 @@ impl S3 for MemS3 {
                 max_keys as usize,
             )
             .map_err(storage_err)?;
-        let mode = self
-            .hooks
-            .encoding_mode
-            .load(std::sync::atomic::Ordering::Relaxed);
-        if mode == 2 && i.encoding_type.is_some() {
-            return Err(S3Error::with_message(
-                S3ErrorCode::InvalidArgument,
-                "encoding-type is not supported",
-            ));
-        }
-        if mode == 1 {
-            i.encoding_type = None;
-        }
+        self.apply_encoding_mode(&mut i.encoding_type)?;
         let url = i
             .encoding_type
             .as_ref()
@@ -395,19 +405,7 @@ impl S3 for MemS3 {
             )
             .map_err(storage_err)?;
 
-        let mode = self
-            .hooks
-            .encoding_mode
-            .load(std::sync::atomic::Ordering::Relaxed);
-        if mode == 2 && i.encoding_type.is_some() {
-            return Err(S3Error::with_message(
-                S3ErrorCode::InvalidArgument,
-                "encoding-type is not supported",
-            ));
-        }
-        if mode == 1 {
-            i.encoding_type = None;
-        }
+        self.apply_encoding_mode(&mut i.encoding_type)?;
         let url = i
             .encoding_type
             .as_ref()
