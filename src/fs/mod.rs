@@ -325,15 +325,15 @@ impl<S: ObjectStore> Fs<S> {
             return Err(FsError::IsDir);
         }
         let keep_cache = self.meta.inodes.swap_cached_etag(ino, &attr.etag);
-        let reader = Reader::with_cache(
+        let reader = Reader::new(
             self.store.clone(),
             &attr.key,
             &attr.etag,
             attr.size,
             self.read_config.clone(),
             self.budget.clone(),
-            self.cache.clone(),
-        );
+        )
+        .with_cache(self.cache.clone());
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.files.lock().unwrap().insert(fh, Arc::new(reader));
         Ok(Opened { fh, keep_cache })

@@ -89,19 +89,6 @@ impl<S: ObjectStore> Reader<S> {
         config: ReadConfig,
         budget: MemoryBudget,
     ) -> Self {
-        Self::with_cache(store, key, etag, size, config, budget, None)
-    }
-
-    /// [`Reader::new`] reading through the data cache `cache` when given.
-    pub fn with_cache(
-        store: Arc<S>,
-        key: &str,
-        etag: &str,
-        size: u64,
-        config: ReadConfig,
-        budget: MemoryBudget,
-        cache: Option<Arc<Cache>>,
-    ) -> Self {
         let window = config.initial_window.max(1);
         Self {
             store,
@@ -111,12 +98,19 @@ impl<S: ObjectStore> Reader<S> {
             config,
             _guard: budget.register_reader(),
             budget,
-            cache,
+            cache: None,
             state: Mutex::new(State {
                 parts: VecDeque::new(),
                 window,
             }),
         }
+    }
+
+    /// Reads go through the data cache `cache` when given (memory and disk
+    /// tiers, then S3).
+    pub fn with_cache(mut self, cache: Option<Arc<Cache>>) -> Self {
+        self.cache = cache;
+        self
     }
 
     /// Object size in bytes as seen at open.
