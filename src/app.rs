@@ -148,7 +148,8 @@ impl Mounted {
                 }
             });
         }
-        let adapter = FuseFs::new(fs, rt.handle().clone());
+        let passthrough = config.cache.dir.is_some() && config.cache.passthrough;
+        let adapter = FuseFs::new(fs, rt.handle().clone(), passthrough);
         let mut session = fuser::Session::new(adapter, mountpoint, &fuse_config(source, config))
             .with_context(|| format!("mounting at {}", mountpoint.display()))?;
         let unmounter = session.unmount_callable();

@@ -1,39 +1,67 @@
 //! The data cache through a real mount: epoch 2 and restarts (also after
 //! `kill -9`) read from disk with no GET, the size limit holds under a data set
 //! larger than the cache, an overwrite of the same size is seen, corrupt and
-//! truncated pieces are refetched, and a full, vanished or shared cache
+//! truncated blocks are refetched, and a full, vanished or shared cache
 //! directory never costs a reader anything but speed.
 
 mod common;
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
+use lakemount::cache::objfile::{MapFile, parse_map};
 
-/// Every piece file of the cache in `dir`.
-fn pieces(dir: &Path) -> Vec<PathBuf> {
+/// Every cached object in `dir`: its data file and its parsed block map.
+fn objects(dir: &Path) -> Vec<(PathBuf, MapFile)> {
     let mut v = Vec::new();
-    let root = dir.join("lakemount-v1/pieces");
+    let root = dir.join("lakemount-v2/objects");
     for d in std::fs::read_dir(root).into_iter().flatten().flatten() {
         for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
-            v.push(f.path());
+            let p = f.path();
+            if p.extension().is_some_and(|e| e == "map")
+                && let Ok(bytes) = std::fs::read(&p)
+                && let Ok(map) = parse_map(&bytes)
+            {
+                v.push((p.with_extension(""), map));
+            }
         }
     }
-    v.sort();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
     v
 }
 
-/// Waits until the cache in `dir` holds `n` pieces (writes are asynchronous).
-fn wait_pieces(dir: &Path, n: usize) {
-    let got = wait_for(Duration::from_secs(30), || pieces(dir).len() >= n);
+/// Number of blocks the cache in `dir` holds (present records of all maps).
+fn blocks(dir: &Path) -> usize {
+    objects(dir)
+        .iter()
+        .map(|(_, m)| m.recs.iter().flatten().count())
+        .sum()
+}
+
+/// Waits until the cache in `dir` holds `n` blocks (writes are asynchronous).
+fn wait_blocks(dir: &Path, n: usize) {
+    let got = wait_for(Duration::from_secs(30), || blocks(dir) >= n);
     assert!(
         got.is_some(),
-        "cache holds {} pieces, expected {n}",
-        pieces(dir).len()
+        "cache holds {} blocks, expected {n}",
+        blocks(dir)
     );
+}
+
+/// Waits until `n` objects of the cache in `dir` are sealed (whole and
+/// checked: what passthrough serves).
+fn wait_sealed(dir: &Path, n: usize) {
+    let sealed = || {
+        objects(dir)
+            .iter()
+            .filter(|(_, m)| m.header.seal.is_some())
+            .count()
+    };
+    let got = wait_for(Duration::from_secs(30), || sealed() >= n);
+    assert!(got.is_some(), "{} objects sealed, expected {n}", sealed());
 }
 
 /// A `[cache]` section for `dir` plus `extra` keys. Unless `extra` sets it,
@@ -90,8 +118,8 @@ fn epoch_two_and_a_restart_read_from_disk_with_no_get() {
         assert!(read(&m, k) == *d, "epoch 1: {k} differs");
     }
     // 4 blocks of the shard + 2 small files; the empty file has none.
-    wait_pieces(&cache, 6);
-    let mode = std::fs::metadata(cache.join("lakemount-v1"))
+    wait_blocks(&cache, 6);
+    let mode = std::fs::metadata(cache.join("lakemount-v2"))
         .unwrap()
         .permissions()
         .mode();
@@ -131,7 +159,7 @@ fn kill_9_then_remount_reuses_10000_pieces_within_5_seconds() {
     };
     let mut m = mount_cached(&srv, &b, &cache, "");
     read_all(&m);
-    wait_pieces(&cache, n);
+    wait_blocks(&cache, n);
     let mut child = m.child.take().unwrap();
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
@@ -168,8 +196,11 @@ fn size_limit_holds_under_a_data_set_three_times_larger() {
         }
     }
     std::thread::sleep(Duration::from_millis(500));
-    let held: u64 = pieces(&cache)
+    // Every file of the cache (data files with their holes, and maps), as
+    // allocated on disk.
+    let held: u64 = objects(&cache)
         .iter()
+        .flat_map(|(p, _)| [p.clone(), p.with_extension("map")])
         .filter_map(|p| std::fs::metadata(p).ok())
         .map(|md| md.blocks() * 512)
         .sum();
@@ -192,7 +223,7 @@ fn same_size_overwrite_is_read_new_after_the_metadata_ttl() {
         ))
         .mount();
     assert!(read(&m, "x.bin") == old);
-    wait_pieces(&cache, 1);
+    wait_blocks(&cache, 1);
     server().put(&b, "x.bin", new.clone());
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
@@ -212,26 +243,21 @@ fn corrupt_and_truncated_pieces_are_refetched() {
     let extra = "block_size = 65536\nmemory_size = 0\n";
     let m = mount_cached(&srv, &b, &cache, extra);
     assert!(read(&m, "x.bin") == d);
-    wait_pieces(&cache, 4);
+    wait_blocks(&cache, 4);
     drop(m);
-    let by_idx = |idx: u64| {
-        pieces(&cache)
-            .into_iter()
-            .find(|p| p.to_str().unwrap().ends_with(&format!("-{idx}")))
-            .unwrap()
-    };
+    let objs = objects(&cache);
+    assert_eq!(objs.len(), 1);
+    let file = &objs[0].0;
     // Block 1: one bit flipped in the data. Block 3: cut short.
-    let p1 = by_idx(1);
-    let mut bytes = std::fs::read(&p1).unwrap();
-    bytes[1000] ^= 0x10;
-    std::fs::write(&p1, &bytes).unwrap();
-    let p3 = by_idx(3);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&p3)
+    let f = std::fs::OpenOptions::new().write(true).open(file).unwrap();
+    let mut byte = [0u8];
+    std::fs::File::open(file)
         .unwrap()
-        .set_len(30_000)
+        .read_exact_at(&mut byte, 65536 + 1000)
         .unwrap();
+    f.write_all_at(&[byte[0] ^ 0x10], 65536 + 1000).unwrap();
+    f.set_len(3 * 65536 + 30_000).unwrap();
+    drop(f);
     srv.reset_counts();
     let m = mount_cached(&srv, &b, &cache, extra);
     assert!(read(&m, "x.bin") == d, "bad piece served");
@@ -320,12 +346,12 @@ fn a_cache_at_its_free_space_reserve_says_so_and_resumes() {
         m.log()
     );
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(pieces(&cache).len(), 0, "cached inside the reserve");
+    assert_eq!(blocks(&cache), 0, "cached inside the reserve");
     // Space comes back: the cache stores again (free space is re-read each second).
     std::fs::remove_file(&filler).unwrap();
     std::thread::sleep(Duration::from_millis(1200));
     assert!(read(&m, "f1") == files[1], "f1 differs");
-    wait_pieces(&cache, 4);
+    wait_blocks(&cache, 4);
     assert!(m.log().contains("data cache storing again"), "{}", m.log());
     // The disk fills up again while the cache holds pieces: it keeps serving
     // (and would evict to store), so that is no "not storing" episode.
@@ -399,7 +425,7 @@ fn warm_fills_the_cache_reports_and_guards_its_size() {
     let o = warm(&[one.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("warmed 1 files"));
-    wait_pieces(&cache, 1);
+    wait_blocks(&cache, 1);
     let o = warm(&[set, "-j", "4"]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -411,7 +437,7 @@ fn warm_fills_the_cache_reports_and_guards_its_size() {
         out.starts_with("warmed 11 files") && out.contains("already cached: 1 files"),
         "{out}"
     );
-    wait_pieces(&cache, 12);
+    wait_blocks(&cache, 12);
     let o = warm(&[set]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -434,4 +460,115 @@ fn warm_fills_the_cache_reports_and_guards_its_size() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+/// Mounts `bucket` of `srv` with the cache in `dir` and a metrics endpoint;
+/// returns the mount and the endpoint's address.
+fn mount_with_metrics(srv: &TestServer, bucket: &str, toml: &str) -> (Mount, String) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(bucket)
+        .server(srv)
+        .config(toml)
+        .args(&["--metrics-addr", &addr])
+        .mount();
+    (m, addr)
+}
+
+#[test]
+fn fully_cached_files_are_read_by_the_kernel_through_passthrough() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "passthrough");
+    let files: Vec<(String, Vec<u8>)> = [("shard.tar", 3 * (1 << 20) + 777), ("a.jpg", 9_000)]
+        .iter()
+        .enumerate()
+        .map(|(i, (k, n))| (k.to_string(), data(*n, i as u64 + 50)))
+        .collect();
+    for (k, d) in &files {
+        srv.put(&b, k, d.clone());
+    }
+    let dir = TempDir::new("cache-passthrough");
+    let cache = dir.0.join("c");
+    let toml = cache_toml(&cache, "memory_size = 0\n");
+    let (m, addr) = mount_with_metrics(&srv, &b, &toml);
+    for (k, d) in &files {
+        assert!(read(&m, k) == *d, "epoch 1: {k} differs");
+    }
+    wait_sealed(&cache, 2);
+    let before = scrape(&addr);
+    srv.reset_counts();
+    for (k, d) in &files {
+        assert!(read(&m, k) == *d, "passthrough: {k} differs");
+    }
+    let after = scrape(&addr);
+    let opens = "lakemount_cache_passthrough_opens_total";
+    assert_eq!(
+        metric(&after, opens) - metric(&before, opens),
+        2.0,
+        "{after}"
+    );
+    // The kernel read the local files itself: no read reached lakemount.
+    let fuse = "lakemount_fuse_read_bytes_total";
+    assert_eq!(metric(&after, fuse), metric(&before, fuse), "{after}");
+    assert_eq!(srv.request_count("GetObject"), 0);
+    // After a restart the sealed files are passed through at once.
+    drop(m);
+    let (m, addr) = mount_with_metrics(&srv, &b, &toml);
+    for (k, d) in &files {
+        assert!(read(&m, k) == *d, "after restart: {k} differs");
+    }
+    let body = scrape(&addr);
+    assert_eq!(metric(&body, opens), 2.0, "{body}");
+    assert_eq!(metric(&body, fuse), 0.0, "{body}");
+    assert_eq!(srv.request_count("GetObject"), 0, "{}", m.log());
+    // Turned off by config: every read goes through lakemount again.
+    drop(m);
+    let off = cache_toml(&cache, "memory_size = 0\npassthrough = false\n");
+    let (m, addr) = mount_with_metrics(&srv, &b, &off);
+    for (k, d) in &files {
+        assert!(read(&m, k) == *d, "passthrough off: {k} differs");
+    }
+    let body = scrape(&addr);
+    assert_eq!(metric(&body, opens), 0.0, "{body}");
+    let total: usize = files.iter().map(|(_, d)| d.len()).sum();
+    assert_eq!(metric(&body, fuse), total as f64, "{body}");
+    assert_eq!(srv.request_count("GetObject"), 0, "{}", m.log());
+}
+
+#[test]
+fn an_overwrite_while_a_passthrough_handle_is_open_is_read_new_by_new_opens() {
+    use std::io::{Read, Seek};
+    let srv = private_server();
+    let b = bucket_on(&srv, "pt-overwrite");
+    let old = data(300_000, 61);
+    let new = data(300_000, 62);
+    srv.put(&b, "x.bin", old.clone());
+    let dir = TempDir::new("cache-pt-overwrite");
+    let cache = dir.0.join("c");
+    let toml = format!(
+        "[metadata]\nttl_secs = 1.0\n{}",
+        cache_toml(&cache, "memory_size = 0\n")
+    );
+    let (m, addr) = mount_with_metrics(&srv, &b, &toml);
+    assert!(read(&m, "x.bin") == old);
+    wait_sealed(&cache, 1);
+    // A reader holds the old version open by passthrough...
+    let mut a = std::fs::File::open(m.p("x.bin")).unwrap();
+    let body = scrape(&addr);
+    assert_eq!(
+        metric(&body, "lakemount_cache_passthrough_opens_total"),
+        1.0
+    );
+    // ...while the object is overwritten with content of the same size.
+    srv.put(&b, "x.bin", new.clone());
+    std::thread::sleep(Duration::from_millis(1500));
+    // A new open sees the new version: an overwritten object is a new inode
+    // (the kernel allows only opens sharing the old backing file on the old one).
+    assert!(read(&m, "x.bin") == new, "stale bytes after overwrite");
+    let mut got = Vec::new();
+    a.read_to_end(&mut got).unwrap();
+    assert!(got == old, "the open handle lost its version");
+    a.rewind().unwrap();
+    drop(a);
+    // With the old handle closed, the new version reads as usual.
+    assert!(read(&m, "x.bin") == new);
 }

@@ -11,6 +11,7 @@
 //! S3's errors, never the cache's.
 
 pub mod disk;
+pub mod objfile;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use sha2::{Digest, Sha256};
 use crate::read::Segments;
 use crate::store::{ObjectStore, StoreError};
 use crate::telemetry::metrics as m;
-pub use disk::DiskCache;
+pub use disk::{Backing, DiskCache};
 
 /// A size given in bytes or as a percentage of the cache's file system.
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
@@ -118,6 +119,11 @@ pub struct CacheConfig {
     pub block_size: u64,
     /// Memory tier for the hottest blocks, bytes. Default 256 MiB. 0: none.
     pub memory_size: u64,
+    /// Serve fully cached, unchanged files by FUSE passthrough (Linux 6.9+,
+    /// root): the kernel reads the cache's local file directly, at local-disk
+    /// speed. Each such file was checked by CRC32C once and is served only
+    /// while nothing changed it since (see docs/CACHE.md). Default true.
+    pub passthrough: bool,
 }
 
 impl Default for CacheConfig {
@@ -129,6 +135,7 @@ impl Default for CacheConfig {
             ttl_secs: 3 * 24 * 3600,
             block_size: 1 << 20,
             memory_size: 256 << 20,
+            passthrough: true,
         }
     }
 }
@@ -230,10 +237,19 @@ impl Cache {
         (0..blocks)
             .filter(|&idx| {
                 let pk = PieceKey { obj, idx };
-                self.memory.as_ref().is_some_and(|m| m.contains_key(&pk)) || self.disk.contains(pk)
+                self.memory.as_ref().is_some_and(|m| m.contains_key(&pk))
+                    || self.disk.contains(pk, size)
             })
             .map(|idx| self.block_len(size, idx))
             .sum()
+    }
+
+    /// The cached data file of `key` at `etag` (`size` bytes) for FUSE
+    /// passthrough, when it is complete and unchanged since its bytes were
+    /// checked ([`DiskCache::backing`]); pinned against eviction while the
+    /// returned value lives.
+    pub fn backing(self: &Arc<Self>, key: &str, etag: &str, size: u64) -> Option<Backing> {
+        self.disk.backing(self.object_id(key, etag), size)
     }
 
     /// Reads `range` (bytes, end exclusive, within `size`) of `key` at `etag`
@@ -275,7 +291,7 @@ impl Cache {
                 .collect();
             let found = tokio::task::spawn_blocking(move || {
                 want.into_iter()
-                    .map(|(i, pk, len)| (i, pk, disk.read(pk, len)))
+                    .map(|(i, pk, len)| (i, pk, disk.read(pk, size, len)))
                     .collect::<Vec<_>>()
             })
             .await
@@ -320,7 +336,7 @@ impl Cache {
                     if let Some(mem) = &self.memory {
                         mem.insert(pk, piece.clone());
                     }
-                    self.disk.admit(pk, piece.clone());
+                    self.disk.admit(pk, size, piece.clone());
                     blocks[i] = Some(piece);
                     off += len;
                     i += 1;

@@ -26,6 +26,12 @@ pub enum FsError {
     /// The object changed or vanished since it was opened.
     #[error("object changed since open")]
     Stale,
+    /// An open of an inode whose object was overwritten since the kernel
+    /// looked it up: ESTALE, on which the kernel looks the name up again
+    /// (`do_filp_open` retries with `LOOKUP_REVAL`) and finds the new
+    /// version's inode. Expected, so logged at debug level.
+    #[error("object replaced by a new version; look it up again")]
+    Superseded,
     /// No such extended attribute.
     #[error("no such attribute")]
     NoAttr,
@@ -45,7 +51,7 @@ impl FsError {
             FsError::NameTooLong => libc::ENAMETOOLONG,
             FsError::ReadOnly => libc::EROFS,
             FsError::BadHandle => libc::EBADF,
-            FsError::Stale => libc::ESTALE,
+            FsError::Stale | FsError::Superseded => libc::ESTALE,
             FsError::NoAttr => libc::ENODATA,
             FsError::Store(e) => match e {
                 StoreError::NotFound => libc::ENOENT,

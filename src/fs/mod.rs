@@ -3,7 +3,7 @@
 
 pub mod error;
 
-use crate::cache::Cache;
+use crate::cache::{Backing, Cache};
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -91,12 +91,23 @@ pub struct DirEntry {
 }
 
 /// Answer of `open`.
-#[derive(Clone, Copy, Debug)]
 pub struct Opened {
     /// File handle.
     pub fh: u64,
     /// The kernel page cache already holds this ETag's data: keep it (FOPEN_KEEP_CACHE).
     pub keep_cache: bool,
+    /// The ETag the handle is pinned to.
+    pub etag: String,
+    /// When asked for and the data cache holds the whole object, unchanged
+    /// since it was checked: its local file, for FUSE passthrough. The object
+    /// stays pinned in the cache until the handle is released.
+    pub backing: Option<Arc<Backing>>,
+}
+
+/// One open file: its reader and, when offered, its passthrough backing.
+struct FileHandle<S> {
+    reader: Arc<Reader<S>>,
+    _backing: Option<Arc<Backing>>,
 }
 
 struct DirHandle {
@@ -118,7 +129,7 @@ pub struct Fs<S> {
     dir_mode: u16,
     /// Directory mtime: the mount time.
     mounted_at: SystemTime,
-    files: Mutex<HashMap<u64, Arc<Reader<S>>>>,
+    files: Mutex<HashMap<u64, FileHandle<S>>>,
     dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
     next_fh: AtomicU64,
 }
@@ -261,9 +272,14 @@ impl<S: ObjectStore> Fs<S> {
         }
         let name = &attr.key[attr.parent_prefix.len()..];
         match self.meta.find(&attr.parent_prefix, name).await? {
-            Some(e) if e.kind == EntryKind::File => {
-                self.meta.inodes.refresh(ino, &e).ok_or(FsError::NotFound)
-            }
+            // A changed ETag leaves the old attributes (for the handles that
+            // read the old version) and marks the inode superseded.
+            Some(e) if e.kind == EntryKind::File => self
+                .meta
+                .inodes
+                .refresh(ino, &e)
+                .map(|(attr, _)| attr)
+                .ok_or(FsError::NotFound),
             _ => Err(FsError::NotFound),
         }
     }
@@ -314,15 +330,21 @@ impl<S: ObjectStore> Fs<S> {
         self.meta.inodes.forget(ino, n);
     }
 
-    /// Opens a file for reading, pinned to the ETag current now.
-    /// Errors: EISDIR, ENOENT, EROFS for a write open.
-    pub async fn open(&self, ino: u64, write: bool) -> Result<Opened, FsError> {
+    /// Opens a file for reading, pinned to the ETag current now. With
+    /// `passthrough`, also looks for the whole object in the data cache
+    /// ([`Opened::backing`]). Errors: EISDIR, ENOENT, EROFS for a write open.
+    pub async fn open(&self, ino: u64, write: bool, passthrough: bool) -> Result<Opened, FsError> {
         if write {
             return Err(FsError::ReadOnly);
         }
         let attr = self.fresh_attr(ino).await?;
         if attr.kind == EntryKind::Dir {
             return Err(FsError::IsDir);
+        }
+        if self.meta.inodes.superseded(ino) {
+            // The object was overwritten: ESTALE makes the kernel look the
+            // name up again, which gives the new version's inode.
+            return Err(FsError::Superseded);
         }
         let keep_cache = self.meta.inodes.swap_cached_etag(ino, &attr.etag);
         let reader = Reader::new(
@@ -334,9 +356,31 @@ impl<S: ObjectStore> Fs<S> {
             self.budget.clone(),
         )
         .with_cache(self.cache.clone());
+        let backing = match &self.cache {
+            Some(cache) if passthrough && attr.size > 0 => {
+                let (cache, key, etag) = (cache.clone(), attr.key.clone(), attr.etag.clone());
+                tokio::task::spawn_blocking(move || cache.backing(&key, &etag, attr.size))
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(Arc::new)
+            }
+            _ => None,
+        };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.files.lock().unwrap().insert(fh, Arc::new(reader));
-        Ok(Opened { fh, keep_cache })
+        self.files.lock().unwrap().insert(
+            fh,
+            FileHandle {
+                reader: Arc::new(reader),
+                _backing: backing.clone(),
+            },
+        );
+        Ok(Opened {
+            fh,
+            keep_cache,
+            etag: attr.etag,
+            backing,
+        })
     }
 
     /// Reads up to `size` bytes at `offset`; empty at or past end of file.
@@ -347,7 +391,7 @@ impl<S: ObjectStore> Fs<S> {
             .lock()
             .unwrap()
             .get(&fh)
-            .cloned()
+            .map(|h| h.reader.clone())
             .ok_or(FsError::BadHandle)?;
         match reader.read(offset, size).await {
             Ok(b) => Ok(b),

@@ -3,16 +3,18 @@
 //! session thread ever waits on the network. The only module that touches
 //! fuser's request and reply types.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags,
-    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyXattr,
-    Request,
+    BackingId, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
+    IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
+    ReplyXattr, Request,
 };
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::fs::{Fs, FsError, Stat};
 use crate::meta::EntryKind;
@@ -41,16 +43,63 @@ const STATFS_BLOCKS: u64 = (1 << 50) / STATFS_BSIZE as u64;
 /// `statfs` inode count shown, likewise arbitrary and non-zero.
 const STATFS_FILES: u64 = 1 << 32;
 
+/// How one open file reads, as told to the kernel in the open reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum IoMode {
+    /// Reads come to lakemount through the page cache (the normal case).
+    Cached,
+    /// FUSE passthrough: the kernel reads the cache's local file itself.
+    Passthrough,
+}
+
+/// Open files of one inode by I/O mode.
+#[derive(Default)]
+struct InodeIo {
+    cached: usize,
+    passthrough: usize,
+    /// While `passthrough > 0`: the ETag and backing id every passthrough
+    /// open of this inode shares.
+    backing: Option<(String, Arc<BackingId>)>,
+}
+
+/// Per-inode bookkeeping of I/O modes. The kernel fails an open (EIO to the
+/// caller) whose mode conflicts with the inode's other open files: a
+/// passthrough open while page-cache opens exist, any open but a passthrough
+/// one with the same backing file while passthrough opens exist
+/// (`fuse_file_io_open` in fs/fuse/iomode.c, Linux 6.9+). So an inode with
+/// page-cache opens gets more of them, and one with passthrough opens shares
+/// their backing id. An inode never changes version (an overwritten object
+/// gets a new inode, [`crate::meta::inode::InodeTable::upsert`]), so sharing
+/// never mixes versions.
+#[derive(Default)]
+struct IoModes {
+    inodes: HashMap<u64, InodeIo>,
+    /// File handle -> (inode, mode), for release.
+    handles: HashMap<u64, (u64, IoMode)>,
+}
+
 /// The adapter. Cheap to share: the session threads each hold an `Arc` of it.
 pub struct FuseFs<S> {
     fs: Arc<Fs<S>>,
     rt: tokio::runtime::Handle,
+    /// Ask the kernel for FUSE passthrough (`cache.passthrough` with a cache).
+    want_passthrough: bool,
+    /// Passthrough was negotiated at init and backing files can be opened.
+    passthrough: Arc<AtomicBool>,
+    io: Arc<Mutex<IoModes>>,
 }
 
 impl<S: ObjectStore> FuseFs<S> {
-    /// Serves `fs`, running every request on `rt`.
-    pub fn new(fs: Arc<Fs<S>>, rt: tokio::runtime::Handle) -> Self {
-        Self { fs, rt }
+    /// Serves `fs`, running every request on `rt`. With `passthrough`, fully
+    /// cached files are served by FUSE passthrough when the kernel allows it.
+    pub fn new(fs: Arc<Fs<S>>, rt: tokio::runtime::Handle, passthrough: bool) -> Self {
+        Self {
+            fs,
+            rt,
+            want_passthrough: passthrough,
+            passthrough: Arc::new(AtomicBool::new(false)),
+            io: Arc::new(Mutex::new(IoModes::default())),
+        }
     }
 
     fn attr(stat: &Stat) -> FileAttr {
@@ -101,6 +150,68 @@ fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
     }
 }
 
+/// Answers an open with the I/O mode [`IoModes`] allows, and records it.
+fn open_reply(
+    reply: ReplyOpen,
+    ino: u64,
+    o: crate::fs::Opened,
+    io: &Mutex<IoModes>,
+    passthrough: &AtomicBool,
+) {
+    let fh = FileHandle(o.fh);
+    let mut st = io.lock().unwrap();
+    let e = st.inodes.entry(ino).or_default();
+    let mut shared = None;
+    let mode = match (&o.backing, &e.backing) {
+        _ if e.cached > 0 => IoMode::Cached,
+        (_, Some((etag, id))) if *etag == o.etag => {
+            shared = Some(id.clone());
+            IoMode::Passthrough
+        }
+        (_, Some(_)) => {
+            // Cannot happen (one inode, one version); the kernel would refuse
+            // any open but one sharing the backing file, so look up again.
+            drop(st);
+            reply.error(Errno::ESTALE);
+            return;
+        }
+        (Some(b), None) => match reply.open_backing(&b.file) {
+            Ok(id) => {
+                let id = Arc::new(id);
+                e.backing = Some((o.etag.clone(), id.clone()));
+                shared = Some(id);
+                IoMode::Passthrough
+            }
+            Err(err) => {
+                // EPERM: no CAP_SYS_ADMIN (FUSE_DEV_IOC_BACKING_OPEN needs it).
+                if passthrough.swap(false, Ordering::Relaxed) {
+                    info!(
+                        "FUSE passthrough unavailable ({err}; it needs CAP_SYS_ADMIN): \
+                         cached files are served through lakemount"
+                    );
+                }
+                IoMode::Cached
+            }
+        },
+        (None, None) => IoMode::Cached,
+    };
+    match mode {
+        IoMode::Cached => e.cached += 1,
+        IoMode::Passthrough => e.passthrough += 1,
+    }
+    st.handles.insert(o.fh, (ino, mode));
+    drop(st);
+    match (mode, shared) {
+        (IoMode::Passthrough, Some(id)) => {
+            metrics::counter!(m::CACHE_PASSTHROUGH_OPENS).increment(1);
+            debug!(ino, "open: FUSE passthrough to the cached file");
+            reply.opened_passthrough(fh, FopenFlags::empty(), &id)
+        }
+        _ if o.keep_cache => reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE),
+        _ => reply.opened(fh, FopenFlags::empty()),
+    }
+}
+
 impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_readahead(MAX_READAHEAD);
@@ -112,6 +223,20 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         ] {
             if let Err(missing) = config.add_capabilities(cap) {
                 debug!(?missing, "kernel lacks FUSE capability");
+            }
+        }
+        if self.want_passthrough {
+            // Backing files on a plain local file system: stack depth 1
+            // (FILESYSTEM_MAX_STACK_DEPTH is 2, include/linux/fs.h).
+            match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
+                Ok(()) if config.set_max_stack_depth(1).is_ok() => {
+                    self.passthrough.store(true, Ordering::Relaxed);
+                    debug!("FUSE passthrough on: fully cached files are read by the kernel");
+                }
+                _ => info!(
+                    "kernel lacks FUSE passthrough (Linux 6.9+, CONFIG_FUSE_PASSTHROUGH): \
+                     cached files are served through lakemount"
+                ),
             }
         }
         Ok(())
@@ -153,16 +278,12 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         let fs = self.fs.clone();
+        let passthrough = self.passthrough.clone();
+        let io = self.io.clone();
         self.rt.spawn(async move {
-            match fs.open(ino.0, write).await {
-                Ok(o) => {
-                    let flags = if o.keep_cache {
-                        FopenFlags::FOPEN_KEEP_CACHE
-                    } else {
-                        FopenFlags::empty()
-                    };
-                    reply.opened(FileHandle(o.fh), flags)
-                }
+            let want = passthrough.load(Ordering::Relaxed);
+            match fs.open(ino.0, write, want).await {
+                Ok(o) => open_reply(reply, ino.0, o, &io, &passthrough),
                 Err(e) => reply.error(errno("open", &e)),
             }
         });
@@ -202,6 +323,24 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         reply: ReplyEmpty,
     ) {
         self.fs.release(fh.0);
+        let mut io = self.io.lock().unwrap();
+        if let Some((ino, mode)) = io.handles.remove(&fh.0)
+            && let Some(e) = io.inodes.get_mut(&ino)
+        {
+            match mode {
+                IoMode::Cached => e.cached -= 1,
+                IoMode::Passthrough => {
+                    e.passthrough -= 1;
+                    if e.passthrough == 0 {
+                        e.backing = None;
+                    }
+                }
+            }
+            if e.cached == 0 && e.passthrough == 0 {
+                io.inodes.remove(&ino);
+            }
+        }
+        drop(io);
         reply.ok();
     }
 

@@ -44,6 +44,9 @@ struct Inode {
     nlookup: u64,
     /// The ETag the kernel page cache holds data of (set at open).
     cached_etag: Option<String>,
+    /// The object was overwritten: the name now has a new inode (see
+    /// [`InodeTable::upsert`]); this one lives on for its holders.
+    superseded: bool,
 }
 
 #[derive(Debug)]
@@ -78,6 +81,7 @@ impl InodeTable {
             name: String::new(),
             nlookup: 1,
             cached_etag: None,
+            superseded: false,
         };
         Self {
             table: Mutex::new(Table {
@@ -101,7 +105,10 @@ impl InodeTable {
     /// Records that `entry` is the child `name` of `parent` as a listing of
     /// `parent_prefix` just showed it, and returns its attributes. The same
     /// (parent, name, kind) keeps its inode number; a changed kind gets a new
-    /// one. `count_lookup` adds one to the kernel's lookup count (lookup and
+    /// one, and so does a file whose ETag changed (an overwrite is a new
+    /// inode, as a file replaced by rename is on a local file system: open
+    /// handles of the old one keep reading their version, and FUSE passthrough,
+    /// bound to one backing file per inode, stays consistent). `count_lookup` adds one to the kernel's lookup count (lookup and
     /// readdirplus do; plain readdir does not).
     pub fn upsert(
         &self,
@@ -116,11 +123,19 @@ impl InodeTable {
             EntryKind::Dir => format!("{parent_prefix}{}/", entry.name),
         };
         let name_key = (parent, entry.name.clone());
-        let existing = t
-            .children
-            .get(&name_key)
-            .copied()
-            .filter(|ino| t.inodes.get(ino).is_some_and(|i| i.attr.kind == entry.kind));
+        let existing = t.children.get(&name_key).copied().filter(|ino| {
+            t.inodes.get(ino).is_some_and(|i| {
+                i.attr.kind == entry.kind
+                    && !i.superseded
+                    && (entry.kind == EntryKind::Dir || i.attr.etag == entry.etag)
+            })
+        });
+        if existing.is_none()
+            && let Some(old) = t.children.get(&name_key).copied()
+            && let Some(i) = t.inodes.get_mut(&old)
+        {
+            i.superseded = true;
+        }
         let ino = match existing {
             Some(ino) => ino,
             None => {
@@ -147,6 +162,7 @@ impl InodeTable {
             name: entry.name.clone(),
             nlookup: 0,
             cached_etag: None,
+            superseded: false,
         });
         inode.attr = attr.clone();
         if count_lookup {
@@ -158,6 +174,13 @@ impl InodeTable {
         attr
     }
 
+    /// Whether `ino`'s object was overwritten since it was looked up (the name
+    /// has, or will get at its next lookup, a new inode).
+    pub fn superseded(&self, ino: u64) -> bool {
+        let t = self.table.lock().unwrap();
+        t.inodes.get(&ino).is_some_and(|i| i.superseded)
+    }
+
     /// The inode number of child `name` of `parent`, if the kernel holds one.
     pub fn child(&self, parent: u64, name: &str) -> Option<u64> {
         let t = self.table.lock().unwrap();
@@ -165,14 +188,27 @@ impl InodeTable {
     }
 
     /// Marks `ino`'s attributes as confirmed now (a listing still shows them).
-    pub fn refresh(&self, ino: u64, entry: &ListedEntry) -> Option<Attr> {
+    /// A file whose listing shows another ETag keeps its attributes and is
+    /// marked superseded instead (the next lookup of its name gets a new
+    /// inode): `Some((attr, true))`. `None`: the kernel forgot `ino`.
+    pub fn refresh(&self, ino: u64, entry: &ListedEntry) -> Option<(Attr, bool)> {
         let mut t = self.table.lock().unwrap();
         let inode = t.inodes.get_mut(&ino)?;
+        if inode.superseded || (inode.attr.kind == EntryKind::File && inode.attr.etag != entry.etag)
+        {
+            inode.superseded = true;
+            let key = (inode.parent, inode.name.clone());
+            let attr = inode.attr.clone();
+            if t.children.get(&key) == Some(&ino) {
+                t.children.remove(&key);
+            }
+            return Some((attr, true));
+        }
         inode.attr.size = entry.size;
         inode.attr.etag = entry.etag.clone();
         inode.attr.mtime = entry.mtime;
         inode.attr.validated = Instant::now();
-        Some(inode.attr.clone())
+        Some((inode.attr.clone(), false))
     }
 
     /// Notes that the kernel page cache of `ino` now holds data of `etag`;

@@ -69,6 +69,9 @@ pub const CACHE_BAD_PIECES: &str = "lakemount_cache_bad_pieces_total";
 /// Counter: blocks not cached, label `reason` (full: only recently read
 /// pieces could be evicted; queue_full: writes lag behind; io_error).
 pub const CACHE_SKIPPED: &str = "lakemount_cache_skipped_total";
+/// Counter: opens served by FUSE passthrough from a fully cached file (the
+/// kernel then reads the local file; those reads are not counted elsewhere).
+pub const CACHE_PASSTHROUGH_OPENS: &str = "lakemount_cache_passthrough_opens_total";
 /// Gauge: bytes the disk cache holds (allocated size of its pieces).
 pub const CACHE_DISK_BYTES: &str = "lakemount_cache_disk_bytes";
 /// Gauge: the disk cache's size limit in force, bytes.

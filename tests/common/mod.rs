@@ -365,3 +365,36 @@ pub fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A free TCP port on 127.0.0.1 (bound and released; fine for tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The body of `GET /metrics` from a mount's Prometheus endpoint at `addr`.
+pub fn scrape(addr: &str) -> String {
+    use std::io::Write;
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        conn,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut body = String::new();
+    conn.read_to_string(&mut body).unwrap();
+    body
+}
+
+/// The value of metric line `name` (with its labels, if any) in `body`; 0
+/// when absent.
+pub fn metric(body: &str, name: &str) -> f64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
