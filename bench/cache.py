@@ -8,8 +8,12 @@ cache directory, epoch 2 (same reads). So epoch 2 reads the cache from the
 disk, as after a restart, not from kernel memory. The limit is the same bytes
 read from the local copy of the data set, also with its page cache dropped.
 
-Systems: local-disk (the limit), lakemount (--cache-dir), rclone-full
-(--vfs-cache-mode full). Counts GETs per epoch from Garage's own metrics.
+Systems: local-disk (the limit), lakemount (--cache-dir; fully cached files
+by FUSE passthrough), lakemount-no-pt (the same with `cache.passthrough =
+false`: every read through lakemount and its CRC32C checks), rclone-full
+(--vfs-cache-mode full). The server is the in-memory one of testserver/ by
+default (`--server garage` for Garage); GETs per epoch are the server's own
+counts.
 Writes its section of bench/RESULTS.md (the other sections are kept).
 """
 
@@ -28,7 +32,7 @@ sys.path.insert(0, HERE)
 import harness as h  # noqa: E402
 
 SHARDS = h.SHARD_KEYS[:2]  # 2 x 1 GiB
-SYSTEMS = ["local-disk", "lakemount", "rclone-full"]
+SYSTEMS = ["local-disk", "lakemount", "lakemount-no-pt", "rclone-full"]
 GIB = 1 << 30
 # Room one system's cache needs: the 2 GiB of shards, the 20,000 small files
 # (40-200 KB: ~2.3 GiB), and allocation slack.
@@ -82,11 +86,18 @@ def run_mount_system(name, a, g, bucket, m, cache_dir):
     logpath = os.path.join(a.bench_dir, "logs", f"{name}-cache.log")
     env = h.s3_env(g)
     env.pop("AWS_ENDPOINT_URL", None)
-    if name == "lakemount":
+    if name.startswith("lakemount"):
         binary = os.path.join(h.REPO, "target", "release", "lakemount")
         cmd = [binary, "mount", f"s3://{bucket}", mnt, "--endpoint-url", g.endpoint, "--region", g.region,
                "--cache-dir", cache_dir, "--cache-max-size", "20GiB"]
+        if name == "lakemount-no-pt":
+            conf = os.path.join(a.bench_dir, "no-passthrough.toml")
+            with open(conf, "w") as f:
+                f.write("[cache]\npassthrough = false\n")
+            cmd += ["--config", conf]
         shown = "target/release/lakemount " + " ".join(cmd[1:])
+        if name == "lakemount-no-pt":
+            shown += "  # the file holds [cache] passthrough = false"
     else:
         make, why = h.mount_factory("rclone-full", a, g, bucket)
         if make is None:
@@ -153,14 +164,15 @@ def write(path, a, g, results, started, finished, load_before, load_after):
              f"load average {load_before:.1f} before, {load_after:.1f} after (2 shared cores).")
     mi = h.machine_info()
     L.append(f"Machine: {mi['cores']} cores ({mi['cpu']}), {mi['memory_gib']} GiB, kernel {mi['kernel']}. "
-             "Server: Garage on loopback (bench/README.md); cache and local copy on the same ext4 disk.")
+             f"Server: {g.version()} on loopback (bench/README.md); cache and local copy on the same ext4 disk.")
     L.append("")
     L.append("Each run: empty cache, fresh mount, epoch 1 = 2 x 1 GiB shards read by 2 parallel `dd bs=1M`, "
              "then 20,000 JPEG-sized files (40-200 KB) read by 8 worker processes in shuffled order; unmount; "
              "page cache of the cache directory dropped (posix_fadvise DONTNEED); fresh mount on the same "
              "cache directory; epoch 2 = the same reads. The limit is local-disk: the same files read from the "
-             "local copy of the data set with its page cache dropped first. Medians of the runs; GETs from "
-             "Garage's metrics.")
+             "local copy of the data set with its page cache dropped first. Medians of the runs; GETs counted "
+             "by the server. lakemount serves fully cached files by FUSE passthrough (the kernel reads the "
+             "cache file); lakemount-no-pt is the same mount with `cache.passthrough = false`.")
     L.append("")
     L.append("| system | shards epoch 1 MiB/s | shards epoch 2 MiB/s | epoch 2 / local disk | GETs epoch 2 (shards) "
              "| small epoch 1 files/s | small epoch 2 files/s | epoch 2 / local disk | GETs epoch 2 (small) "
@@ -213,6 +225,9 @@ def main():
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--bench-dir", default=os.environ.get("BENCH_DIR") or os.path.join(os.path.dirname(h.REPO), "bench-data"))
+    p.add_argument("--server", choices=["memory", "garage"], default="memory",
+                   help="S3 server for epoch 1 (default: the in-memory one of testserver/)")
+    p.add_argument("--memserver", default=os.path.join(h.REPO, "target", "release", "lakemount-testserver"))
     p.add_argument("--garage", default=os.environ.get("GARAGE_BIN") or shutil.which("garage") or os.path.expanduser("~/.cargo/bin/garage"))
     p.add_argument("--rawget", default=os.path.join(HERE, "rawget", "target", "release", "rawget"))
     p.add_argument("--port-base", type=int, default=int(os.environ.get("BENCH_PORT_BASE", "39800")))
@@ -222,7 +237,7 @@ def main():
     systems = a.systems.split(",")
     m = h.MODES["full"]
     preload = os.path.join(a.bench_dir, "nodelay.so")
-    g = h.Garage(a.bench_dir, a.garage, a.port_base, preload if os.path.exists(preload) else None)
+    g = h.make_server(a, preload if os.path.exists(preload) else None)
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = h.loadavg()
     results = {}

@@ -46,9 +46,8 @@ if ((${#missing[@]})); then
 fi
 
 # 2. Garage, built once from crates.io (about 20 minutes on 2 cores), only where it
-# is used: `--server garage`, and the cache benchmark.
+# is used: `--server garage` (also for the cache benchmark).
 needs_garage=0
-[[ ${1:-} == cache ]] && needs_garage=1
 for arg in "$@"; do [[ $arg == garage || $arg == --server=garage ]] && needs_garage=1; done
 garage_bin=${GARAGE_BIN:-$(command -v garage || true)}
 if [[ -z $garage_bin && -x $HOME/.cargo/bin/garage ]]; then garage_bin=$HOME/.cargo/bin/garage; fi

@@ -7,7 +7,8 @@
 //! - [`fs`]: async POSIX operations, handles, errno mapping ([`fs::FsError`]).
 //! - [`meta`]: inode table, listing cache, name rules.
 //! - [`read`]: ranged GETs pinned to the ETag, sequential read-ahead.
-//! - [`cache`]: the data cache (memory and local-disk tiers) for epochs 2..N.
+//! - [`cache`]: the data cache (memory and local-disk tiers) for epochs 2..N; fully
+//!   cached files are served by FUSE passthrough.
 //! - [`warm`]: `lakemount warm`, filling the cache of a running mount.
 //! - [`store`]: the [`store::ObjectStore`] trait; `store::s3` is the only SDK user.
 //! - [`telemetry`]: logging and metrics.

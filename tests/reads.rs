@@ -222,6 +222,32 @@ fn overwrite_during_read_gives_old_bytes_or_error_never_a_mix() {
 }
 
 #[test]
+fn an_overwritten_object_is_a_new_inode_and_old_handles_keep_theirs() {
+    use std::os::unix::fs::MetadataExt;
+    let b = bucket("new-inode");
+    let s = server();
+    let old = data(10_000, 5);
+    let new = data(20_000, 6);
+    s.put(&b, "v/obj", old.clone());
+    let m = Mount::new(&b, &["--metadata-ttl", "0"]);
+    let f = File::open(m.p("v/obj")).unwrap();
+    let ino = f.metadata().unwrap().ino();
+    assert_eq!(std::fs::metadata(m.p("v/obj")).unwrap().ino(), ino);
+    s.put(&b, "v/obj", new.clone());
+    // By name: the new version, under a new inode number.
+    let md = std::fs::metadata(m.p("v/obj")).unwrap();
+    assert_ne!(md.ino(), ino, "an overwritten object kept its inode");
+    assert_eq!(md.len(), new.len() as u64);
+    assert!(std::fs::read(m.p("v/obj")).unwrap() == new);
+    // The handle opened before still describes the old version.
+    let held = f.metadata().unwrap();
+    assert_eq!((held.ino(), held.len()), (ino, old.len() as u64));
+    // Unchanged objects keep their inode.
+    let again = std::fs::metadata(m.p("v/obj")).unwrap();
+    assert_eq!(again.ino(), md.ino());
+}
+
+#[test]
 fn overwrite_while_get_in_flight_is_an_error_not_new_bytes() {
     let b = bucket("pin-inflight");
     let s = server();

@@ -60,19 +60,20 @@ pub const CACHE_MISSES: &str = "lakemount_cache_misses_total";
 pub const CACHE_SERVED_BYTES: &str = "lakemount_cache_served_bytes_total";
 /// Histogram: time to read and verify one block from the disk cache, seconds.
 pub const CACHE_READ_SECONDS: &str = "lakemount_cache_read_seconds";
-/// Counter: pieces removed to make room (least recently used first).
+/// Counter: cached blocks removed to make room (least recently used first).
 pub const CACHE_EVICTIONS: &str = "lakemount_cache_evictions_total";
-/// Counter: pieces removed because they were not read for `cache.ttl_secs`.
+/// Counter: cached blocks removed because they were not read for `cache.ttl_secs`.
 pub const CACHE_EXPIRATIONS: &str = "lakemount_cache_expirations_total";
-/// Counter: corrupt or truncated pieces found and discarded (then refetched).
+/// Counter: corrupt or truncated cached blocks (or block maps) found and
+/// discarded (then refetched).
 pub const CACHE_BAD_PIECES: &str = "lakemount_cache_bad_pieces_total";
 /// Counter: blocks not cached, label `reason` (full: only recently read
-/// pieces could be evicted; queue_full: writes lag behind; io_error).
+/// blocks could be evicted; queue_full: writes lag behind; io_error).
 pub const CACHE_SKIPPED: &str = "lakemount_cache_skipped_total";
 /// Counter: opens served by FUSE passthrough from a fully cached file (the
 /// kernel then reads the local file; those reads are not counted elsewhere).
 pub const CACHE_PASSTHROUGH_OPENS: &str = "lakemount_cache_passthrough_opens_total";
-/// Gauge: bytes the disk cache holds (allocated size of its pieces).
+/// Gauge: bytes the disk cache holds (allocated size of its blocks and maps).
 pub const CACHE_DISK_BYTES: &str = "lakemount_cache_disk_bytes";
 /// Gauge: the disk cache's size limit in force, bytes.
 pub const CACHE_LIMIT_BYTES: &str = "lakemount_cache_limit_bytes";

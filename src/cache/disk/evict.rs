@@ -1,0 +1,375 @@
+//! Upkeep of the disk cache: eviction to make room, the size limit and its
+//! free-space reserve, expiry, the restart scan, discarding bad blocks, and
+//! the warnings of a failing cache device.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tracing::{debug, info, warn};
+
+use super::index::{ALLOC_UNIT, Index, alloc_size};
+use super::*;
+
+impl DiskCache {
+    /// Under the lock: takes least-recently-used blocks out of the index until
+    /// `need` more bytes fit under the limit, and returns them (their holes are
+    /// punched by [`Self::remove_victims`]). `None`: they cannot fit without
+    /// evicting a block read within [`PROTECT`] (or `need` exceeds the limit).
+    pub(super) fn make_room(&self, ix: &mut Index, need: u64) -> Option<Vec<(PieceKey, bool)>> {
+        if need > ix.limit {
+            return None;
+        }
+        let now = SystemTime::now();
+        let mut victims = Vec::new();
+        let mut freed = 0;
+        // Victims per object: taking all of an object's blocks frees its map too.
+        let mut per_obj: HashMap<ObjectId, u64> = HashMap::new();
+        // Check first, evict after: a refusal must not evict anything.
+        for (k, e) in ix.lru.iter().rev() {
+            if ix.total - freed + need <= ix.limit {
+                break;
+            }
+            if !ix.evictable(k, e) {
+                continue;
+            }
+            if now.duration_since(e.last_access).unwrap_or_default() < PROTECT {
+                return None;
+            }
+            victims.push(*k);
+            freed += e.alloc;
+            let n = per_obj.entry(k.obj).or_default();
+            *n += 1;
+            if let Some(o) = ix.objects.get(&k.obj)
+                && *n == o.present
+            {
+                freed += o.map_alloc;
+            }
+        }
+        if ix.total.saturating_sub(freed) + need > ix.limit {
+            return None;
+        }
+        metrics::counter!(m::CACHE_EVICTIONS).increment(victims.len() as u64);
+        Some(victims.into_iter().map(|k| (k, ix.drop_block(k))).collect())
+    }
+
+    /// Frees the disk space of blocks taken out of the index, given as (key,
+    /// whether its object has no block left).
+    pub(super) fn remove_victims(&self, victims: Vec<(PieceKey, bool)>) {
+        let mut by_obj: HashMap<ObjectId, (Vec<u64>, bool)> = HashMap::new();
+        for (k, gone) in victims {
+            let e = by_obj.entry(k.obj).or_default();
+            e.0.push(k.idx);
+            e.1 |= gone;
+        }
+        for (obj, (idxs, gone)) in by_obj {
+            self.remove_blocks(obj, &idxs, gone);
+        }
+    }
+
+    /// Frees blocks `idxs` of `obj` on disk: the whole object's files when it
+    /// has no block left (`gone`), else their records and their bytes (holes).
+    pub(super) fn remove_blocks(&self, obj: ObjectId, idxs: &[u64], gone: bool) {
+        if gone {
+            // A write may have started the object again meanwhile: keep it then.
+            if !self.index.lock().unwrap().objects.contains_key(&obj) {
+                self.remove_object_files(obj);
+            }
+            return;
+        }
+        if let Ok(map) = OpenOptions::new().write(true).open(self.map_path(obj)) {
+            for &idx in idxs {
+                let _ = objfile::write_rec(&map, idx, None);
+            }
+        }
+        if let Ok(df) = OpenOptions::new().write(true).open(self.data_path(obj)) {
+            for &idx in idxs {
+                if let Err(e) = objfile::punch_hole(&df, idx * self.block_size, self.block_size) {
+                    self.warn_io("freeing a block of", &self.data_path(obj), &e);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Re-reads size and free space of the cache's file system (statvfs) when
+    /// `force` or older than [`STATVFS_INTERVAL`], and sets the limit:
+    /// `min(max_size, held + free - min_free)`.
+    pub(super) fn refresh_limit(&self, ix: &mut Index, force: bool) {
+        if !force
+            && ix
+                .limit_checked
+                .is_some_and(|t| t.elapsed() < STATVFS_INTERVAL)
+        {
+            return;
+        }
+        ix.limit_checked = Some(Instant::now());
+        let Some((fs_total, free)) = statvfs(&self.root) else {
+            return;
+        };
+        ix.free = free;
+        let max = self.max_size.bytes(fs_total);
+        let reserve = self.min_free.bytes(fs_total);
+        ix.limit = max.min(ix.total + free.saturating_sub(reserve));
+        // A cache that silently stores nothing looks like a slow S3: say why,
+        // once when it starts and once when it ends. "Nothing": the limit leaves
+        // no room for one block even after evicting everything. A warm cache
+        // held at the reserve is fine (it evicts to store), and before the
+        // restart scan has counted the blocks on disk `total` is not known.
+        let block = alloc_size(self.block_size) + ALLOC_UNIT;
+        let at_reserve = if !ix.scanned {
+            false
+        } else if ix.at_reserve {
+            // Hysteresis: stay until there is room for two blocks.
+            ix.limit < 2 * block
+        } else {
+            ix.limit < block && free <= reserve && max >= block
+        };
+        if at_reserve && !ix.at_reserve {
+            warn!(
+                dir = %self.root.display(),
+                "data cache is not storing anything new: its file system has {} free, not more \
+                 than the cache.min_free reserve of {}; reading from S3 until space is freed \
+                 (free space on the device or lower cache.min_free)",
+                human(free),
+                human(reserve),
+            );
+        } else if !at_reserve && ix.at_reserve {
+            info!(
+                dir = %self.root.display(),
+                "data cache storing again: {} free above the cache.min_free reserve",
+                human(free - reserve.min(free)),
+            );
+        }
+        ix.at_reserve = at_reserve;
+        metrics::gauge!(m::CACHE_FS_FREE_BYTES).set(free as f64);
+        metrics::gauge!(m::CACHE_LIMIT_BYTES).set(ix.limit as f64);
+    }
+
+    /// Removes expired blocks and shrinks to the limit (when others filled the
+    /// disk). Pinned objects are skipped. Returns the number of blocks removed.
+    pub fn sweep(&self) -> usize {
+        let now = SystemTime::now();
+        let mut expired = 0u64;
+        let victims = {
+            let mut guard = self.index.lock().unwrap();
+            self.refresh_limit(&mut guard, true);
+            let ix = &mut *guard;
+            let mut over = ix.total.saturating_sub(ix.limit);
+            let mut gone = Vec::new();
+            for (k, e) in ix.lru.iter().rev() {
+                if !ix.evictable(k, e) {
+                    continue;
+                }
+                let idle = now.duration_since(e.last_access).unwrap_or_default();
+                if idle > self.ttl {
+                    expired += 1;
+                } else if !(over > 0 && idle >= PROTECT) {
+                    break;
+                }
+                over = over.saturating_sub(e.alloc);
+                gone.push(*k);
+            }
+            let victims: Vec<(PieceKey, bool)> =
+                gone.into_iter().map(|k| (k, ix.drop_block(k))).collect();
+            metrics::gauge!(m::CACHE_DISK_BYTES).set(ix.total as f64);
+            victims
+        };
+        let n = victims.len();
+        metrics::counter!(m::CACHE_EXPIRATIONS).increment(expired);
+        metrics::counter!(m::CACHE_EVICTIONS).increment(n as u64 - expired);
+        self.remove_victims(victims);
+        n
+    }
+
+    /// Rebuilds the index from the block maps on disk (runs once, in the
+    /// background), removes leftovers of crashes and of older formats.
+    pub(super) fn scan(self: Arc<Self>) {
+        let started = Instant::now();
+        if let Some(parent) = self.root.parent() {
+            for old in OLD_FORMAT_DIRS {
+                let p = parent.join(old);
+                if p.is_dir() {
+                    match std::fs::remove_dir_all(&p) {
+                        Ok(()) => {
+                            info!(dir = %p.display(), "removed a data cache of an older format")
+                        }
+                        Err(e) => {
+                            warn!(dir = %p.display(), "cannot remove a data cache of an older format: {e}")
+                        }
+                    }
+                }
+            }
+        }
+        let mut maps: Vec<(ObjectId, MapFile)> = Vec::new();
+        let now = SystemTime::now();
+        let objects = self.root.join("objects");
+        for d in std::fs::read_dir(&objects).into_iter().flatten().flatten() {
+            for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
+                let name = f.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if let Some(hex) = name.strip_suffix(".map") {
+                    let Some(obj) = parse_hex(hex) else { continue };
+                    if self.index.lock().unwrap().objects.contains_key(&obj) {
+                        continue;
+                    }
+                    if !self.data_path(obj).exists() {
+                        let _ = std::fs::remove_file(f.path());
+                        continue;
+                    }
+                    let Ok(bytes) = std::fs::read(f.path()) else {
+                        continue;
+                    };
+                    if let Some(map) = self.check_map(obj, &bytes, None) {
+                        maps.push((obj, map));
+                    }
+                } else if let Some(obj) = parse_hex(name) {
+                    // A data file whose map was never written: a crash between
+                    // the two creates (the map comes first, so give it time).
+                    let old = f
+                        .metadata()
+                        .and_then(|md| md.modified())
+                        .is_ok_and(|t| now.duration_since(t).unwrap_or_default() > ORPHAN_AGE);
+                    if old && !self.map_path(obj).exists() {
+                        let _ = std::fs::remove_file(f.path());
+                    }
+                }
+            }
+        }
+        let (n, bytes) = {
+            let mut ix = self.index.lock().unwrap();
+            let mut found = Vec::new();
+            let n = maps.len();
+            for (obj, map) in maps {
+                if !ix.objects.contains_key(&obj) {
+                    found.extend(ix.adopt(obj, map));
+                }
+            }
+            // Newest first, each demoted to the LRU end: the oldest ends up evicted first.
+            found.sort_by_key(|f| std::cmp::Reverse(f.0));
+            for (at, pk, alloc) in found {
+                if ix.lru.peek(&pk).is_none() {
+                    ix.insert(pk, alloc, at, false);
+                    ix.lru.demote(&pk);
+                }
+            }
+            ix.scanned = true;
+            self.refresh_limit(&mut ix, true);
+            metrics::gauge!(m::CACHE_DISK_BYTES).set(ix.total as f64);
+            (n, ix.total)
+        };
+        info!(
+            objects = n,
+            bytes,
+            secs = started.elapsed().as_secs_f64(),
+            dir = %self.root.display(),
+            "cache index rebuilt"
+        );
+        // Expired blocks (last read over the TTL ago) and any excess go now.
+        let removed = self.sweep();
+        if removed > 0 {
+            debug!(
+                removed,
+                "cache expired or shrunk to its limit after the scan"
+            );
+        }
+    }
+
+    /// Discards block `pk` (found bad): counted, warned, its record cleared and
+    /// its bytes freed, so the next read fetches it again. `crc` is what the
+    /// read expected: when the block was replaced or evicted meanwhile (a race
+    /// with eviction, not a bad block), nothing is said.
+    pub(super) fn discard(&self, pk: PieceKey, crc: u32, why: &str) {
+        let mut ix = self.index.lock().unwrap();
+        let same = ix
+            .objects
+            .get(&pk.obj)
+            .and_then(|o| o.recs.get(pk.idx as usize).copied().flatten())
+            .is_some_and(|r| r.crc == crc);
+        if !same || ix.lru.peek(&pk).is_none_or(|e| e.writing) {
+            return;
+        }
+        let gone = ix.drop_block(pk);
+        drop(ix);
+        warn!(
+            file = %self.data_path(pk.obj).display(),
+            block = pk.idx,
+            "cache block {why}: discarded, fetching the block again"
+        );
+        metrics::counter!(m::CACHE_BAD_PIECES).increment(1);
+        self.remove_blocks(pk.obj, &[pk.idx], gone);
+    }
+
+    pub(super) fn warn_io(&self, what: &str, path: &Path, e: &std::io::Error) {
+        let mut last = self.last_write_warn.lock().unwrap();
+        if last.is_none_or(|t| t.elapsed() >= WARN_INTERVAL) {
+            *last = Some(Instant::now());
+            warn!(
+                path = %path.display(),
+                "cache {what} failed: {e}; reading from S3 instead (further cache I/O errors \
+                 are counted in lakemount_cache_skipped_total, warned once a minute)"
+            );
+        }
+    }
+
+    /// Keeps a slow (long-run) and a fast moving average of read latency and
+    /// warns when the fast one exceeds twice the slow one: a failing SSD slows
+    /// down before it fails.
+    pub(super) fn sample_latency(&self, took: Duration) {
+        let t = took.as_secs_f64();
+        let mut l = self.latency.lock().unwrap();
+        l.samples += 1;
+        if l.samples == 1 {
+            l.slow = t;
+            l.fast = t;
+            return;
+        }
+        l.slow += (t - l.slow) * 0.001;
+        l.fast += (t - l.fast) * 0.05;
+        if l.samples > 1000
+            && l.fast > 2.0 * l.slow
+            && l.last_warn.is_none_or(|w| w.elapsed() >= WARN_INTERVAL)
+        {
+            l.last_warn = Some(Instant::now());
+            warn!(
+                recent_ms = l.fast * 1e3,
+                baseline_ms = l.slow * 1e3,
+                dir = %self.root.display(),
+                "cache device reads are more than twice as slow as their baseline; \
+                 check the device (a failing SSD slows down before it fails)"
+            );
+        }
+    }
+}
+
+/// (total bytes, bytes available to unprivileged users) of the file system at `p`.
+pub(super) fn statvfs(p: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `c` is a valid NUL-terminated path; `st` is written by the call.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    // f_blocks and f_bavail count fragments; a file system that leaves
+    // f_frsize 0 means its block size (statvfs(3)).
+    let unit = if st.f_frsize > 0 {
+        st.f_frsize as u64
+    } else {
+        st.f_bsize as u64
+    };
+    Some((st.f_blocks as u64 * unit, st.f_bavail as u64 * unit))
+}
+
+/// 32 lowercase hex digits to an object id.
+pub(super) fn parse_hex(hex: &str) -> Option<ObjectId> {
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut obj = [0u8; 16];
+    for (i, b) in obj.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(ObjectId(obj))
+}

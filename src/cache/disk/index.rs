@@ -1,0 +1,183 @@
+//! The in-memory index of the disk cache: one LRU entry per cached block,
+//! and per object its block records, check state and seal.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use lru::LruCache;
+
+use super::super::objfile::{self, MapFile, Rec, Seal};
+use super::super::{ObjectId, PieceKey};
+
+/// Allocation unit assumed for accounting: a block occupies its size rounded
+/// up to 4 KiB (the block size of ext4/xfs on NVMe by default).
+pub(super) const ALLOC_UNIT: u64 = 4096;
+
+/// One cached block in the LRU index.
+pub(super) struct Entry {
+    /// Allocated bytes on disk (the block rounded up to [`ALLOC_UNIT`]).
+    pub(super) alloc: u64,
+    pub(super) last_access: SystemTime,
+    /// The last read time as last written to the block map.
+    pub(super) persisted: SystemTime,
+    /// Still being written: readers skip it, nobody evicts it.
+    pub(super) writing: bool,
+}
+
+/// What the index knows of one cached object version.
+pub(super) struct Obj {
+    /// Object size, bytes.
+    pub(super) size: u64,
+    /// One per block: `Some` when present on disk.
+    pub(super) recs: Vec<Option<Rec>>,
+    /// Blocks whose bytes this process wrote or verified by CRC32C.
+    pub(super) checked: Vec<bool>,
+    pub(super) present: u64,
+    pub(super) checked_n: u64,
+    /// The seal in the map, when there is one (see the module doc).
+    pub(super) seal: Option<Seal>,
+    /// Allocated bytes of the map file.
+    pub(super) map_alloc: u64,
+}
+
+impl Obj {
+    pub(super) fn new(size: u64, blocks: u64) -> Self {
+        Self {
+            size,
+            recs: vec![None; blocks as usize],
+            checked: vec![false; blocks as usize],
+            present: 0,
+            checked_n: 0,
+            seal: None,
+            map_alloc: alloc_size(objfile::map_len(blocks)),
+        }
+    }
+
+    pub(super) fn blocks(&self) -> u64 {
+        self.recs.len() as u64
+    }
+
+    pub(super) fn set_checked(&mut self, idx: usize) {
+        if !self.checked[idx] {
+            self.checked[idx] = true;
+            self.checked_n += 1;
+        }
+    }
+
+    /// Every block present and checked, and no seal yet: time to seal.
+    pub(super) fn wants_seal(&self) -> bool {
+        self.seal.is_none() && self.checked_n == self.blocks() && self.present == self.blocks()
+    }
+}
+
+pub(super) struct Index {
+    pub(super) lru: LruCache<PieceKey, Entry>,
+    pub(super) objects: HashMap<ObjectId, Obj>,
+    /// Open passthrough handles per object: such objects are never evicted.
+    pub(super) pins: HashMap<ObjectId, usize>,
+    /// Sum of `alloc` of all blocks plus `map_alloc` of all objects, bytes.
+    pub(super) total: u64,
+    /// The size limit in force, bytes (see [`DiskCache::refresh_limit`]).
+    pub(super) limit: u64,
+    pub(super) limit_checked: Option<Instant>,
+    /// Free bytes of the file system at the last check.
+    pub(super) free: u64,
+    /// Free space was at or below the `min_free` reserve at the last check
+    /// and the limit left no room for one block: the cache could store
+    /// nothing new (warned once per episode).
+    pub(super) at_reserve: bool,
+    /// The restart scan has indexed the objects already on disk.
+    pub(super) scanned: bool,
+}
+
+impl Index {
+    /// Adds `pk` as most recently used, last read at `at`, counting its bytes.
+    pub(super) fn insert(&mut self, pk: PieceKey, alloc: u64, at: SystemTime, writing: bool) {
+        self.total += alloc;
+        self.lru.push(
+            pk,
+            Entry {
+                alloc,
+                last_access: at,
+                persisted: at,
+                writing,
+            },
+        );
+    }
+
+    /// Adds object `obj` (not yet known) as `map` describes it; returns its
+    /// present blocks as (last read, key, allocated bytes) for the caller to
+    /// put into the LRU order.
+    pub(super) fn adopt(
+        &mut self,
+        obj: ObjectId,
+        map: MapFile,
+    ) -> Vec<(SystemTime, PieceKey, u64)> {
+        let mut o = Obj::new(map.header.size, map.recs.len() as u64);
+        o.seal = map.header.seal;
+        self.total += o.map_alloc;
+        let mut blocks = Vec::new();
+        for (i, r) in map.recs.into_iter().enumerate() {
+            if let Some(r) = r {
+                o.present += 1;
+                o.recs[i] = Some(r);
+                let at = UNIX_EPOCH + Duration::from_secs(r.atime as u64);
+                blocks.push((
+                    at,
+                    PieceKey { obj, idx: i as u64 },
+                    alloc_size(r.len as u64),
+                ));
+            }
+        }
+        self.objects.insert(obj, o);
+        blocks
+    }
+
+    /// Takes block `pk` out of the index (its entry and its record). Returns
+    /// whether its object has no block left (and so was removed too).
+    pub(super) fn drop_block(&mut self, pk: PieceKey) -> bool {
+        if let Some(e) = self.lru.pop(&pk) {
+            self.total -= e.alloc;
+        }
+        let Some(o) = self.objects.get_mut(&pk.obj) else {
+            return true;
+        };
+        let i = pk.idx as usize;
+        if o.recs.get(i).is_some_and(|r| r.is_some()) {
+            o.recs[i] = None;
+            o.present -= 1;
+        }
+        if o.checked.get(i).copied().unwrap_or(false) {
+            o.checked[i] = false;
+            o.checked_n -= 1;
+        }
+        o.seal = None;
+        if o.present == 0 {
+            let o = self.objects.remove(&pk.obj).unwrap();
+            self.total -= o.map_alloc;
+            return true;
+        }
+        false
+    }
+
+    /// Takes every block of `obj` out of the index.
+    pub(super) fn drop_object(&mut self, obj: ObjectId) {
+        if let Some(o) = self.objects.remove(&obj) {
+            self.total -= o.map_alloc;
+            for idx in 0..o.blocks() {
+                if let Some(e) = self.lru.pop(&PieceKey { obj, idx }) {
+                    self.total -= e.alloc;
+                }
+            }
+        }
+    }
+
+    pub(super) fn evictable(&self, k: &PieceKey, e: &Entry) -> bool {
+        !e.writing && !self.pins.contains_key(&k.obj)
+    }
+}
+
+/// Allocated size of a file of `len` bytes (see [`ALLOC_UNIT`]).
+pub(super) fn alloc_size(len: u64) -> u64 {
+    len.div_ceil(ALLOC_UNIT) * ALLOC_UNIT
+}

@@ -1,0 +1,256 @@
+//! Unit tests of the disk cache (real files in a temporary directory).
+
+use super::evict::parse_hex;
+use super::*;
+
+const BS: u64 = 4096;
+
+fn obj(tag: &str) -> ObjectId {
+    ObjectId::new("b", tag, "e")
+}
+
+fn pk(o: ObjectId, i: u64) -> PieceKey {
+    PieceKey { obj: o, idx: i }
+}
+
+fn cfg(dir: &Path, max: u64) -> CacheConfig {
+    CacheConfig {
+        dir: Some(dir.to_path_buf()),
+        max_size: Size::Bytes(max),
+        min_free: Size::Bytes(0),
+        block_size: BS,
+        ..CacheConfig::default()
+    }
+}
+
+fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("lakemount-disk-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn block(i: u64) -> Vec<u8> {
+    (0..BS).map(|j| (i * 7 + j * 13) as u8).collect()
+}
+
+/// Writes every block of an object of `n` whole blocks.
+fn fill(c: &DiskCache, o: ObjectId, n: u64) {
+    for i in 0..n {
+        assert!(c.write(pk(o, i), n * BS, &block(i)), "block {i} not cached");
+    }
+}
+
+fn reopen(d: &Path, max: u64) -> Arc<DiskCache> {
+    // The scan thread holds an Arc until it finishes; wait for the lock.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match DiskCache::open(d, &cfg(d, max)) {
+            Ok(c) => return c,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+fn age_all(c: &DiskCache) {
+    let mut ix = c.index.lock().unwrap();
+    let old = SystemTime::now() - PROTECT * 2;
+    for (_, e) in ix.lru.iter_mut() {
+        e.last_access = old;
+    }
+}
+
+#[test]
+fn names_round_trip() {
+    let o = obj("k");
+    assert_eq!(parse_hex(&o.hex()), Some(o));
+    assert_eq!(parse_hex("zz"), None);
+    assert_eq!(parse_hex(&format!("{}x", &o.hex()[1..])), None);
+}
+
+#[test]
+fn blocks_live_at_their_offsets_and_bad_ones_are_discarded() {
+    let d = tmpdir("wr");
+    let c = DiskCache::open(&d, &cfg(&d, 1 << 30)).unwrap();
+    let o = obj("k");
+    fill(&c, o, 3);
+    // The data file is the object itself.
+    let file = std::fs::read(c.data_path(o)).unwrap();
+    assert_eq!(file, [block(0), block(1), block(2)].concat());
+    assert_eq!(c.read(pk(o, 1), 3 * BS, BS).unwrap(), &block(1)[..]);
+    // Wrong expected length: not served.
+    assert!(c.read(pk(o, 1), 3 * BS, BS - 1).is_none());
+    // One bit flipped in block 1: discarded, never served.
+    let f = OpenOptions::new().write(true).open(c.data_path(o)).unwrap();
+    f.write_all_at(&[block(1)[100] ^ 1], BS + 100).unwrap();
+    assert!(
+        c.read(pk(o, 1), 3 * BS, BS).is_none(),
+        "corrupt block served"
+    );
+    assert!(!c.contains(pk(o, 1), 3 * BS), "corrupt block kept");
+    // Cut short inside block 2.
+    f.set_len(2 * BS + 100).unwrap();
+    assert!(
+        c.read(pk(o, 2), 3 * BS, BS).is_none(),
+        "truncated block served"
+    );
+    assert_eq!(c.read(pk(o, 0), 3 * BS, BS).unwrap(), &block(0)[..]);
+    // Written again, block 1 reads back.
+    assert!(c.write(pk(o, 1), 3 * BS, &block(1)));
+    assert_eq!(c.read(pk(o, 1), 3 * BS, BS).unwrap(), &block(1)[..]);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn limit_is_kept_and_young_blocks_are_protected() {
+    let d = tmpdir("limit");
+    // Ten blocks and the map of their object (20 records fit in 4 KiB).
+    let c = DiskCache::open(&d, &cfg(&d, 10 * BS + 4096)).unwrap();
+    let o = obj("k");
+    let size = 20 * BS;
+    for i in 0..10 {
+        assert!(c.write(pk(o, i), size, &block(i)));
+    }
+    assert_eq!(c.total_bytes(), 10 * BS + 4096);
+    // Full of blocks read just now: the 11th is refused, nothing evicted.
+    assert!(!c.write(pk(o, 10), size, &block(10)));
+    assert_eq!(c.total_bytes(), 10 * BS + 4096);
+    assert!(c.read(pk(o, 0), size, BS).is_some());
+    // Age every block past PROTECT: now the least recently used (block 1,
+    // block 0 was just read) goes, and its bytes become a hole.
+    age_all(&c);
+    assert!(c.write(pk(o, 10), size, &block(10)));
+    assert_eq!(c.total_bytes(), 10 * BS + 4096);
+    assert!(c.read(pk(o, 10), size, BS).is_some());
+    assert!(!c.contains(pk(o, 1), size));
+    assert!(c.contains(pk(o, 0), size));
+    let mut b = vec![0u8; BS as usize];
+    File::open(c.data_path(o))
+        .unwrap()
+        .read_exact_at(&mut b, BS)
+        .unwrap();
+    assert!(b.iter().all(|&x| x == 0), "evicted block's bytes kept");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn an_object_with_no_block_left_loses_its_files() {
+    let d = tmpdir("gone");
+    let c = DiskCache::open(&d, &cfg(&d, 2 * BS + 2 * 4096)).unwrap();
+    let (a, b) = (obj("a"), obj("b"));
+    fill(&c, a, 1);
+    age_all(&c);
+    fill(&c, b, 1);
+    age_all(&c);
+    // A third object needs the room of the oldest: `a` goes entirely.
+    fill(&c, obj("c"), 1);
+    assert!(!c.data_path(a).exists() && !c.map_path(a).exists());
+    assert!(c.data_path(b).exists());
+    assert_eq!(c.total_bytes(), 2 * BS + 2 * 4096);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn a_whole_checked_object_is_sealed_for_passthrough_until_its_file_changes() {
+    let d = tmpdir("seal");
+    let c = DiskCache::open(&d, &cfg(&d, 1 << 30)).unwrap();
+    let o = obj("k");
+    let size = 3 * BS;
+    assert!(c.write(pk(o, 0), size, &block(0)));
+    assert!(c.backing(o, size).is_none(), "partial object offered");
+    fill(&c, o, 3);
+    let b = c.backing(o, size).expect("whole object not offered");
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut &b.file, &mut got).unwrap();
+    assert_eq!(got, [block(0), block(1), block(2)].concat());
+    drop(b);
+    // The seal survives a restart: offered with no read at all.
+    drop(c);
+    let c = reopen(&d, 1 << 30);
+    assert!(c.backing(o, size).is_some(), "seal lost over a restart");
+    // Someone writes into the data file: not offered any more; the
+    // CRC32C path finds the bad block; once refetched and every block was
+    // checked again, it is sealed anew.
+    let f = OpenOptions::new().write(true).open(c.data_path(o)).unwrap();
+    f.write_all_at(&[block(2)[5] ^ 0xff], 2 * BS + 5).unwrap();
+    assert!(c.backing(o, size).is_none(), "changed file offered");
+    assert!(c.read(pk(o, 0), size, BS).is_some());
+    assert!(c.read(pk(o, 1), size, BS).is_some());
+    assert!(c.read(pk(o, 2), size, BS).is_none(), "corrupt block served");
+    assert!(c.backing(o, size).is_none());
+    assert!(c.write(pk(o, 2), size, &block(2)));
+    assert!(c.backing(o, size).is_some(), "not sealed again");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn after_a_restart_reading_every_block_seals_an_unsealed_object() {
+    let d = tmpdir("reseal");
+    let c = DiskCache::open(&d, &cfg(&d, 1 << 30)).unwrap();
+    let o = obj("k");
+    fill(&c, o, 2);
+    // Break the seal by changing the file's metadata (ctime), not its bytes.
+    let f = OpenOptions::new().write(true).open(c.data_path(o)).unwrap();
+    f.set_modified(SystemTime::now()).unwrap();
+    drop(c);
+    let c = reopen(&d, 1 << 30);
+    assert!(c.backing(o, 2 * BS).is_none(), "changed file offered");
+    assert!(c.read(pk(o, 0), 2 * BS, BS).is_some());
+    assert!(
+        c.backing(o, 2 * BS).is_none(),
+        "offered before every block was checked"
+    );
+    assert!(c.read(pk(o, 1), 2 * BS, BS).is_some());
+    assert!(
+        c.backing(o, 2 * BS).is_some(),
+        "not sealed after a full check"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn a_pinned_object_is_never_evicted() {
+    let d = tmpdir("pin");
+    let c = DiskCache::open(&d, &cfg(&d, 2 * BS + 2 * 4096)).unwrap();
+    let a = obj("a");
+    fill(&c, a, 2);
+    let pin = c.backing(a, 2 * BS).unwrap();
+    age_all(&c);
+    assert!(
+        !c.write(pk(obj("b"), 0), BS, &block(0)),
+        "pinned object evicted"
+    );
+    assert_eq!(c.sweep(), 0);
+    drop(pin);
+    assert!(c.write(pk(obj("b"), 0), BS, &block(0)));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn second_open_is_refused_and_restart_reindexes() {
+    let d = tmpdir("lock");
+    let c = DiskCache::open(&d, &cfg(&d, 1 << 30)).unwrap();
+    let o = obj("k");
+    for i in 0..5 {
+        assert!(c.write(pk(o, i), 8 * BS, &block(i)));
+    }
+    let e = DiskCache::open(&d, &cfg(&d, 1 << 30)).err().unwrap();
+    assert!(e.to_string().contains("cache.dir"), "{e}");
+    // An old-format directory is removed by the scan.
+    std::fs::create_dir_all(d.join("lakemount-v1/pieces/ab")).unwrap();
+    drop(c);
+    let c = reopen(&d, 1 << 30);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.total_bytes() < 5 * BS + 4096 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(c.total_bytes(), 5 * BS + 4096);
+    assert_eq!(c.read(pk(o, 3), 8 * BS, BS).unwrap(), &block(3)[..]);
+    assert!(c.read(pk(o, 5), 8 * BS, BS).is_none());
+    while d.join("lakemount-v1").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!d.join("lakemount-v1").exists(), "old format kept");
+    std::fs::remove_dir_all(&d).unwrap();
+}
