@@ -234,6 +234,8 @@ def main():
     p.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"))
     a = p.parse_args()
     a.bench_dir = os.path.abspath(a.bench_dir)
+    for d in ("logs", "mnt"):
+        os.makedirs(os.path.join(a.bench_dir, d), exist_ok=True)
     systems = a.systems.split(",")
     m = h.MODES["full"]
     preload = os.path.join(a.bench_dir, "nodelay.so")

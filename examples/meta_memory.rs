@@ -46,16 +46,25 @@ async fn main() {
 
     // Look every file up, as a loader opening each one does: 1M inodes.
     let train = meta.find("", "train").await.unwrap().unwrap();
-    let train_attr = meta.inodes.upsert(ROOT_INO, "", &train, true);
+    let train_attr = meta
+        .inodes
+        .upsert(ROOT_INO, "", &train, true, std::time::Instant::now());
     let before = rss_bytes();
     for d in 0..DIRS {
         let dir_name = format!("{d:06}");
         let dir = meta.find("train/", &dir_name).await.unwrap().unwrap();
-        let dir_attr = meta.inodes.upsert(train_attr.ino, "train/", &dir, true);
+        let dir_attr = meta.inodes.upsert(
+            train_attr.ino,
+            "train/",
+            &dir,
+            true,
+            std::time::Instant::now(),
+        );
         let prefix = format!("train/{dir_name}/");
         let listing = meta.listing(&prefix).await.unwrap();
         for e in &listing.entries {
-            meta.inodes.upsert(dir_attr.ino, &prefix, e, true);
+            meta.inodes
+                .upsert(dir_attr.ino, &prefix, e, true, std::time::Instant::now());
         }
     }
     let after = rss_bytes();

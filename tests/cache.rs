@@ -544,8 +544,11 @@ fn an_overwrite_while_a_passthrough_handle_is_open_is_read_new_by_new_opens() {
     srv.put(&b, "x.bin", old.clone());
     let dir = TempDir::new("cache-pt-overwrite");
     let cache = dir.0.join("c");
+    // The kernel keeps its entry for the name far longer than lakemount's
+    // metadata TTL: the open after the overwrite reaches the old inode, which
+    // answers ESTALE, and the kernel's retry looks the name up again.
     let toml = format!(
-        "[metadata]\nttl_secs = 1.0\n{}",
+        "[metadata]\nttl_secs = 1.0\nkernel_ttl_secs = 60.0\n{}",
         cache_toml(&cache, "memory_size = 0\n")
     );
     let (m, addr) = mount_with_metrics(&srv, &b, &toml);
@@ -564,6 +567,11 @@ fn an_overwrite_while_a_passthrough_handle_is_open_is_read_new_by_new_opens() {
     // A new open sees the new version: an overwritten object is a new inode
     // (the kernel allows only opens sharing the old backing file on the old one).
     assert!(read(&m, "x.bin") == new, "stale bytes after overwrite");
+    assert!(
+        scrape(&addr).contains("lakemount_fuse_errors_total{op=\"open\",errno=\"116\"}"),
+        "the open did not go through the ESTALE retry:\n{}",
+        scrape(&addr)
+    );
     let mut got = Vec::new();
     a.read_to_end(&mut got).unwrap();
     assert!(got == old, "the open handle lost its version");

@@ -12,7 +12,8 @@
 //! - `lock`: held (flock) by the running lakemount; a second one is refused.
 //!
 //! A block is written to the data file first and its map record after it, so a
-//! crash never leaves a record for bytes that were not written. Every read
+//! killed process never leaves a record for bytes that were not written (after
+//! a power loss one may; the CRC32C check catches it). Every read
 //! through lakemount checks the block's CRC32C: a truncated or corrupted block
 //! is discarded (its hole punched, its record cleared) and fetched again,
 //! never returned.
@@ -28,7 +29,9 @@
 //! An in-memory index (LRU order by last read, one entry per block) accounts
 //! the bytes held and drives eviction; an evicted block's hole is punched
 //! (`fallocate`), an object with no block left loses both files. Objects with
-//! an open passthrough handle are pinned: never evicted or expired. After a
+//! an open passthrough handle are pinned: never evicted or expired; an object
+//! once handed to the kernel is only ever removed whole (a passthrough memory
+//! mapping may read its file after close, and must never see a hole). After a
 //! restart the mount does not wait for the index: a block map is loaded on the
 //! first access of its object, and a background scan loads the rest.
 
@@ -123,6 +126,9 @@ pub struct DiskCache {
     pending_bytes: AtomicU64,
     latency: Mutex<Latency>,
     last_write_warn: Mutex<Option<Instant>>,
+    /// The cache's file system frees a block's space by punching a hole
+    /// (probed at open); without it objects are evicted whole.
+    can_punch: bool,
     _lock: File,
 }
 
@@ -162,7 +168,15 @@ impl DiskCache {
                 return Err(e).context(format!("cache.dir: cannot lock {}", lock_path.display()));
             }
         }
+        let can_punch = objfile::probe_punch_hole(&root);
+        if !can_punch {
+            info!(
+                dir = %root.display(),
+                "the cache's file system cannot punch holes: objects are evicted whole"
+            );
+        }
         let cache = Arc::new(Self {
+            can_punch,
             root,
             max_size: config.max_size,
             min_free: config.min_free,
@@ -267,7 +281,9 @@ impl DiskCache {
             let now = SystemTime::now();
             for (_, pk, alloc) in ix.adopt(obj, map) {
                 // In use right now: most recently used.
-                ix.insert(pk, alloc, now, false);
+                if ix.lru.peek(&pk).is_none() {
+                    ix.insert(pk, alloc, now, false);
+                }
             }
         }
     }
@@ -342,7 +358,7 @@ impl DiskCache {
         self.load(pk.obj, size);
         let now = SystemTime::now();
         let crc = {
-            let mut ix = self.index.lock().unwrap();
+            let ix = self.index.lock().unwrap();
             let rec = ix
                 .objects
                 .get(&pk.obj)
@@ -354,10 +370,9 @@ impl DiskCache {
             if now.duration_since(e.last_access).unwrap_or_default() > self.ttl
                 && !ix.pins.contains_key(&pk.obj)
             {
-                let gone = ix.drop_block(pk);
                 drop(ix);
                 metrics::counter!(m::CACHE_EXPIRATIONS).increment(1);
-                self.remove_blocks(pk.obj, &[pk.idx], gone);
+                self.drop_and_free(pk);
                 return None;
             }
             rec.crc
@@ -464,11 +479,23 @@ impl DiskCache {
         let alloc = alloc_size(data.len() as u64);
         self.load(pk.obj, size);
         let now = SystemTime::now();
-        let victims = {
+        let (victims, had) = {
             let mut ix = self.index.lock().unwrap();
             if ix.lru.peek(&pk).is_some() {
                 return true;
             }
+            if ix.objects.get(&pk.obj).is_some_and(|o| o.removing > 0) {
+                // Blocks of this object are being freed on disk right now.
+                metrics::counter!(m::CACHE_SKIPPED, "reason" => "busy").increment(1);
+                return false;
+            }
+            // The blocks the index holds of this object now: if its files turn
+            // out to have vanished, so have they.
+            let had: Vec<u64> = ix.objects.get(&pk.obj).map_or(Vec::new(), |o| {
+                (0..o.blocks())
+                    .filter(|&i| o.recs[i as usize].is_some())
+                    .collect()
+            });
             self.refresh_limit(&mut ix, false);
             let map_need = if ix.objects.contains_key(&pk.obj) {
                 0
@@ -485,7 +512,7 @@ impl DiskCache {
                 ix.objects.insert(pk.obj, o);
             }
             ix.insert(pk, alloc, now, true);
-            victims
+            (victims, had)
         };
         self.remove_victims(victims);
         let rec = Rec {
@@ -494,20 +521,17 @@ impl DiskCache {
             atime: unix_secs(now),
         };
         match self.store_block(pk, size, data, rec) {
-            Ok(fresh_map) => {
+            Ok(created_map) => {
                 let mut ix = self.index.lock().unwrap();
-                if let Some(e) = ix.lru.peek_mut(&pk) {
-                    e.writing = false;
+                match ix.lru.peek_mut(&pk) {
+                    Some(e) => e.writing = false,
+                    // Taken out meanwhile (its object's files were found gone).
+                    None => ix.insert(pk, alloc, now, false),
                 }
-                if fresh_map {
-                    // A new map file while the index knew blocks of this
-                    // object: its files vanished; so did those blocks.
-                    let stale: Vec<u64> = ix.objects.get(&pk.obj).map_or(Vec::new(), |o| {
-                        (0..o.blocks())
-                            .filter(|&i| i != pk.idx && o.recs[i as usize].is_some())
-                            .collect()
-                    });
-                    for idx in stale {
+                if created_map {
+                    // This write made the map while the index held blocks of
+                    // the object: its files vanished, and those blocks too.
+                    for idx in had {
                         ix.drop_block(PieceKey { obj: pk.obj, idx });
                     }
                 }
@@ -550,19 +574,19 @@ impl DiskCache {
     }
 
     /// Writes the block's bytes into the data file, then its record into the
-    /// map (both created when missing, the map first). Returns whether the map
-    /// was created now.
+    /// map (both created when missing, the map first). Returns whether this
+    /// call created the map.
     fn store_block(&self, pk: PieceKey, size: u64, data: &[u8], rec: Rec) -> std::io::Result<bool> {
         let map_path = self.map_path(pk.obj);
-        let (map, fresh) = match objfile::open_rw(&map_path) {
+        let (map, created) = match objfile::open_map(&map_path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 // The cache directory (or this object's) vanished: make it again.
                 mkdir(map_path.parent().unwrap())?;
-                objfile::open_rw(&map_path)?
+                objfile::open_map(&map_path)?
             }
             r => r?,
         };
-        if fresh {
+        if created {
             let h = Header {
                 size,
                 block_size: self.block_size,
@@ -576,7 +600,7 @@ impl DiskCache {
         }
         df.write_all_at(data, pk.idx * self.block_size)?;
         objfile::write_rec(&map, pk.idx, Some(rec))?;
-        Ok(fresh)
+        Ok(created)
     }
 
     /// Seals `obj` (every block present and checked): flushes the data file
@@ -596,14 +620,19 @@ impl DiskCache {
             }
         };
         let seal = Seal::of(&md);
+        // In memory first: this process checked every block, so it may pass
+        // the file through at once; the map keeps the seal for restarts.
         let header = {
-            let ix = self.index.lock().unwrap();
-            match ix.objects.get(&obj) {
-                Some(o) if o.wants_seal() && o.size == md.len() => Header {
-                    size: o.size,
-                    block_size: self.block_size,
-                    seal: Some(seal),
-                },
+            let mut ix = self.index.lock().unwrap();
+            match ix.objects.get_mut(&obj) {
+                Some(o) if o.wants_seal() && o.size == md.len() => {
+                    o.seal = Some(seal);
+                    Header {
+                        size: o.size,
+                        block_size: self.block_size,
+                        seal: Some(seal),
+                    }
+                }
                 _ => return,
             }
         };
@@ -613,14 +642,6 @@ impl DiskCache {
             .and_then(|map| map.write_all_at(&header.encode(), 0));
         if let Err(e) = written {
             self.warn_io("sealing", &self.map_path(obj), &e);
-            return;
-        }
-        let mut ix = self.index.lock().unwrap();
-        if let Some(o) = ix.objects.get_mut(&obj)
-            && o.checked_n == o.blocks()
-            && o.present == o.blocks()
-        {
-            o.seal = Some(seal);
         }
     }
 
@@ -635,10 +656,11 @@ impl DiskCache {
             return None;
         }
         self.load(obj, size);
+        let whole = |o: &Obj| o.present == o.blocks() && o.removing == 0 && o.size == size;
         let seal = {
             let ix = self.index.lock().unwrap();
             let o = ix.objects.get(&obj)?;
-            if o.present != o.blocks() || o.size != size {
+            if !whole(o) {
                 return None;
             }
             o.seal?
@@ -660,14 +682,43 @@ impl DiskCache {
             }
             return None;
         }
+        // Unchanged while the file was opened and checked?
+        match ix.objects.get_mut(&obj) {
+            Some(o) if whole(o) && o.seal == Some(seal) => o.exported = true,
+            _ => return None,
+        }
         *ix.pins.entry(obj).or_insert(0) += 1;
+        // The kernel's reads are not seen: the open counts as a read of every
+        // block, persisted as reads are (at most every TTL/16).
         let now = SystemTime::now();
+        let mut persist = Vec::new();
         for idx in 0..self.blocks_of(size) {
             if let Some(e) = ix.lru.get_mut(&PieceKey { obj, idx }) {
                 e.last_access = now;
+                if now.duration_since(e.persisted).unwrap_or_default() > self.ttl / 16 {
+                    e.persisted = now;
+                    persist.push(idx);
+                }
             }
         }
+        let recs: Vec<(u64, Rec)> = ix.objects.get(&obj).map_or(Vec::new(), |o| {
+            persist
+                .iter()
+                .filter_map(|&i| o.recs[i as usize].map(|r| (i, r)))
+                .collect()
+        });
         drop(ix);
+        if !recs.is_empty()
+            && let Ok(map) = OpenOptions::new().write(true).open(self.map_path(obj))
+        {
+            for (idx, r) in recs {
+                let rec = Rec {
+                    atime: unix_secs(now),
+                    ..r
+                };
+                let _ = objfile::write_rec(&map, idx, Some(rec));
+            }
+        }
         Some(Backing {
             file,
             _pin: Pin {

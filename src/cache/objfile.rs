@@ -204,6 +204,39 @@ pub fn map_len(blocks: u64) -> u64 {
     MAP_HEADER_LEN + blocks * REC_LEN
 }
 
+/// Opens the block map `path` for reading and writing, creating it (mode
+/// 0600) when missing. Returns the file and whether this call created it.
+pub fn open_map(path: &std::path::Path) -> std::io::Result<(File, bool)> {
+    let created = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path);
+    match created {
+        Ok(f) => Ok((f, true)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let f = OpenOptions::new().read(true).write(true).open(path)?;
+            Ok((f, false))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether the file system of directory `dir` can punch holes (tried on a
+/// scratch file that is removed again).
+pub fn probe_punch_hole(dir: &std::path::Path) -> bool {
+    let path = dir.join(".punch-probe");
+    let ok = (|| {
+        let (f, _) = open_rw(&path)?;
+        f.write_all_at(&[1u8; 8192], 0)?;
+        punch_hole(&f, 0, 4096)
+    })()
+    .is_ok();
+    let _ = std::fs::remove_file(&path);
+    ok
+}
+
 /// Opens `path` for reading and writing, creating it (mode 0600) when missing.
 /// Returns the file and whether it was empty (new).
 pub fn open_rw(path: &std::path::Path) -> std::io::Result<(File, bool)> {

@@ -100,14 +100,8 @@ pub struct Opened {
     pub etag: String,
     /// When asked for and the data cache holds the whole object, unchanged
     /// since it was checked: its local file, for FUSE passthrough. The object
-    /// stays pinned in the cache until the handle is released.
-    pub backing: Option<Arc<Backing>>,
-}
-
-/// One open file: its reader and, when offered, its passthrough backing.
-struct FileHandle<S> {
-    reader: Arc<Reader<S>>,
-    _backing: Option<Arc<Backing>>,
+    /// stays pinned in the cache while this value lives.
+    pub backing: Option<Backing>,
 }
 
 struct DirHandle {
@@ -129,7 +123,7 @@ pub struct Fs<S> {
     dir_mode: u16,
     /// Directory mtime: the mount time.
     mounted_at: SystemTime,
-    files: Mutex<HashMap<u64, FileHandle<S>>>,
+    files: Mutex<HashMap<u64, Arc<Reader<S>>>>,
     dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
     next_fh: AtomicU64,
 }
@@ -256,7 +250,13 @@ impl<S: ObjectStore> Fs<S> {
             .find(&dir.key, name)
             .await?
             .ok_or(FsError::NotFound)?;
-        Ok(self.stat(&self.meta.inodes.upsert(parent, &dir.key, &entry, true)))
+        Ok(self.stat(&self.meta.inodes.upsert(
+            parent,
+            &dir.key,
+            &entry,
+            true,
+            std::time::Instant::now(),
+        )))
     }
 
     /// Attributes of `ino`, confirmed by a listing when older than the TTL.
@@ -363,18 +363,11 @@ impl<S: ObjectStore> Fs<S> {
                     .await
                     .ok()
                     .flatten()
-                    .map(Arc::new)
             }
             _ => None,
         };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.files.lock().unwrap().insert(
-            fh,
-            FileHandle {
-                reader: Arc::new(reader),
-                _backing: backing.clone(),
-            },
-        );
+        self.files.lock().unwrap().insert(fh, Arc::new(reader));
         Ok(Opened {
             fh,
             keep_cache,
@@ -391,7 +384,7 @@ impl<S: ObjectStore> Fs<S> {
             .lock()
             .unwrap()
             .get(&fh)
-            .map(|h| h.reader.clone())
+            .cloned()
             .ok_or(FsError::BadHandle)?;
         match reader.read(offset, size).await {
             Ok(b) => Ok(b),
@@ -472,7 +465,13 @@ impl<S: ObjectStore> Fs<S> {
                 break;
             }
             let stat = if plus {
-                self.stat(&self.meta.inodes.upsert(ino, &handle.prefix, e, true))
+                self.stat(&self.meta.inodes.upsert(
+                    ino,
+                    &handle.prefix,
+                    e,
+                    true,
+                    handle.listing.fetched,
+                ))
             } else {
                 let ino = self
                     .meta

@@ -57,9 +57,18 @@ enum IoMode {
 struct InodeIo {
     cached: usize,
     passthrough: usize,
-    /// While `passthrough > 0`: the ETag and backing id every passthrough
-    /// open of this inode shares.
-    backing: Option<(String, Arc<BackingId>)>,
+    /// While `passthrough > 0`: what every passthrough open of this inode
+    /// shares.
+    backing: Option<Shared>,
+}
+
+/// The backing file of an inode's passthrough opens.
+struct Shared {
+    /// The version (ETag) it holds.
+    etag: String,
+    id: Arc<BackingId>,
+    /// Keeps the object in the data cache (not evicted) while it is open.
+    _pin: crate::cache::Backing,
 }
 
 /// Per-inode bookkeeping of I/O modes. The kernel fails an open (EIO to the
@@ -151,7 +160,8 @@ fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
 }
 
 /// Answers an open with the I/O mode [`IoModes`] allows, and records it.
-fn open_reply(
+fn open_reply<S: ObjectStore>(
+    fs: &Fs<S>,
     reply: ReplyOpen,
     ino: u64,
     o: crate::fs::Opened,
@@ -162,34 +172,36 @@ fn open_reply(
     let mut st = io.lock().unwrap();
     let e = st.inodes.entry(ino).or_default();
     let mut shared = None;
-    let mode = match (&o.backing, &e.backing) {
+    let mode = match (o.backing, &e.backing) {
         _ if e.cached > 0 => IoMode::Cached,
-        (_, Some((etag, id))) if *etag == o.etag => {
-            shared = Some(id.clone());
+        (_, Some(b)) if b.etag == o.etag => {
+            shared = Some(b.id.clone());
             IoMode::Passthrough
         }
         (_, Some(_)) => {
             // Cannot happen (one inode, one version); the kernel would refuse
             // any open but one sharing the backing file, so look up again.
+            if e.cached == 0 && e.passthrough == 0 {
+                st.inodes.remove(&ino);
+            }
             drop(st);
+            fs.release(o.fh);
             reply.error(Errno::ESTALE);
             return;
         }
         (Some(b), None) => match reply.open_backing(&b.file) {
             Ok(id) => {
                 let id = Arc::new(id);
-                e.backing = Some((o.etag.clone(), id.clone()));
+                e.backing = Some(Shared {
+                    etag: o.etag.clone(),
+                    id: id.clone(),
+                    _pin: b,
+                });
                 shared = Some(id);
                 IoMode::Passthrough
             }
             Err(err) => {
-                // EPERM: no CAP_SYS_ADMIN (FUSE_DEV_IOC_BACKING_OPEN needs it).
-                if passthrough.swap(false, Ordering::Relaxed) {
-                    info!(
-                        "FUSE passthrough unavailable ({err}; it needs CAP_SYS_ADMIN): \
-                         cached files are served through lakemount"
-                    );
-                }
+                backing_failed(&err, passthrough);
                 IoMode::Cached
             }
         },
@@ -209,6 +221,25 @@ fn open_reply(
         }
         _ if o.keep_cache => reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE),
         _ => reply.opened(fh, FopenFlags::empty()),
+    }
+}
+
+/// A backing file could not be registered (`FUSE_DEV_IOC_BACKING_OPEN`): this
+/// open reads through lakemount. Unless the cause is passing (out of file
+/// descriptors or memory), passthrough is turned off for the mount, said once.
+fn backing_failed(err: &std::io::Error, passthrough: &AtomicBool) {
+    let passing = matches!(
+        err.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
+    );
+    if passing {
+        debug!("FUSE passthrough not possible for this open ({err}): read through lakemount");
+    } else if passthrough.swap(false, Ordering::Relaxed) {
+        info!(
+            "FUSE passthrough unavailable ({err}; it needs CAP_SYS_ADMIN, and the cache \
+             directory on a local file system that is not itself stacked, e.g. not \
+             overlayfs): cached files are served through lakemount"
+        );
     }
 }
 
@@ -283,7 +314,7 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         self.rt.spawn(async move {
             let want = passthrough.load(Ordering::Relaxed);
             match fs.open(ino.0, write, want).await {
-                Ok(o) => open_reply(reply, ino.0, o, &io, &passthrough),
+                Ok(o) => open_reply(&fs, reply, ino.0, o, &io, &passthrough),
                 Err(e) => reply.error(errno("open", &e)),
             }
         });

@@ -108,7 +108,10 @@ impl InodeTable {
     /// one, and so does a file whose ETag changed (an overwrite is a new
     /// inode, as a file replaced by rename is on a local file system: open
     /// handles of the old one keep reading their version, and FUSE passthrough,
-    /// bound to one backing file per inode, stays consistent). `count_lookup` adds one to the kernel's lookup count (lookup and
+    /// bound to one backing file per inode, stays consistent), unless the
+    /// listing is older than what the inode holds (`as_of`: when the listing
+    /// was taken; a directory handle reads an old snapshot): then the inode
+    /// is kept as it is. `count_lookup` adds one to the kernel's lookup count (lookup and
     /// readdirplus do; plain readdir does not).
     pub fn upsert(
         &self,
@@ -116,6 +119,7 @@ impl InodeTable {
         parent_prefix: &str,
         entry: &ListedEntry,
         count_lookup: bool,
+        as_of: Instant,
     ) -> Attr {
         let mut t = self.table.lock().unwrap();
         let key = match entry.kind {
@@ -123,6 +127,19 @@ impl InodeTable {
             EntryKind::Dir => format!("{parent_prefix}{}/", entry.name),
         };
         let name_key = (parent, entry.name.clone());
+        if let Some(&ino) = t.children.get(&name_key)
+            && let Some(i) = t.inodes.get_mut(&ino)
+            && i.attr.kind == entry.kind
+            && !i.superseded
+            && i.attr.etag != entry.etag
+            && i.attr.validated > as_of
+        {
+            // An older listing than the inode's: keep the inode as it is.
+            if count_lookup {
+                i.nlookup += 1;
+            }
+            return i.attr.clone();
+        }
         let existing = t.children.get(&name_key).copied().filter(|ino| {
             t.inodes.get(ino).is_some_and(|i| {
                 i.attr.kind == entry.kind

@@ -12,17 +12,49 @@ use tracing::{debug, info, warn};
 use super::index::{ALLOC_UNIT, Index, alloc_size};
 use super::*;
 
+/// Blocks and whole objects taken out of the index, whose disk space
+/// [`DiskCache::remove_victims`] then frees.
+pub(super) struct Victims {
+    /// Blocks, each with whether its object has no block left.
+    blocks: Vec<(PieceKey, bool)>,
+    /// Objects removed whole.
+    whole: Vec<ObjectId>,
+    /// Blocks taken in all.
+    count: u64,
+}
+
 impl DiskCache {
-    /// Under the lock: takes least-recently-used blocks out of the index until
-    /// `need` more bytes fit under the limit, and returns them (their holes are
-    /// punched by [`Self::remove_victims`]). `None`: they cannot fit without
-    /// evicting a block read within [`PROTECT`] (or `need` exceeds the limit).
-    pub(super) fn make_room(&self, ix: &mut Index, need: u64) -> Option<Vec<(PieceKey, bool)>> {
+    /// Whether evicting a block of `obj` must remove the whole object: it was
+    /// handed to the kernel for passthrough (its file is never changed in
+    /// place), or holes cannot be punched on the cache's file system.
+    fn evicts_whole(&self, ix: &Index, obj: ObjectId) -> bool {
+        !self.can_punch || ix.objects.get(&obj).is_some_and(|o| o.exported)
+    }
+
+    /// Whether some block of `obj` is being written (such an object is not
+    /// removed whole now).
+    fn writing_any(ix: &Index, obj: ObjectId) -> bool {
+        ix.objects.get(&obj).is_some_and(|o| {
+            (0..o.blocks()).any(|idx| {
+                ix.lru
+                    .peek(&PieceKey { obj, idx })
+                    .is_some_and(|e| e.writing)
+            })
+        })
+    }
+
+    /// Under the lock: takes least-recently-used blocks (or whole objects,
+    /// see [`Self::evicts_whole`]) out of the index until `need` more bytes fit
+    /// under the limit, and returns them for [`Self::remove_victims`]. `None`:
+    /// they cannot fit without evicting a block read within [`PROTECT`] (or
+    /// `need` exceeds the limit); then nothing is taken.
+    pub(super) fn make_room(&self, ix: &mut Index, need: u64) -> Option<Victims> {
         if need > ix.limit {
             return None;
         }
         let now = SystemTime::now();
-        let mut victims = Vec::new();
+        let mut blocks = Vec::new();
+        let mut whole = Vec::new();
         let mut freed = 0;
         // Victims per object: taking all of an object's blocks frees its map too.
         let mut per_obj: HashMap<ObjectId, u64> = HashMap::new();
@@ -31,13 +63,20 @@ impl DiskCache {
             if ix.total - freed + need <= ix.limit {
                 break;
             }
-            if !ix.evictable(k, e) {
+            if !ix.evictable(k, e) || whole.contains(&k.obj) {
                 continue;
             }
             if now.duration_since(e.last_access).unwrap_or_default() < PROTECT {
                 return None;
             }
-            victims.push(*k);
+            if self.evicts_whole(ix, k.obj) {
+                if !Self::writing_any(ix, k.obj) {
+                    freed += ix.object_alloc(k.obj);
+                    whole.push(k.obj);
+                }
+                continue;
+            }
+            blocks.push(*k);
             freed += e.alloc;
             let n = per_obj.entry(k.obj).or_default();
             *n += 1;
@@ -50,15 +89,51 @@ impl DiskCache {
         if ix.total.saturating_sub(freed) + need > ix.limit {
             return None;
         }
-        metrics::counter!(m::CACHE_EVICTIONS).increment(victims.len() as u64);
-        Some(victims.into_iter().map(|k| (k, ix.drop_block(k))).collect())
+        let v = Self::take(ix, blocks, whole);
+        metrics::counter!(m::CACHE_EVICTIONS).increment(v.count);
+        Some(v)
     }
 
-    /// Frees the disk space of blocks taken out of the index, given as (key,
-    /// whether its object has no block left).
-    pub(super) fn remove_victims(&self, victims: Vec<(PieceKey, bool)>) {
+    /// Takes `blocks` and the objects `whole` out of the index.
+    fn take(ix: &mut Index, blocks: Vec<PieceKey>, whole: Vec<ObjectId>) -> Victims {
+        let mut count = blocks.len() as u64;
+        for obj in &whole {
+            count += ix.objects.get(obj).map_or(0, |o| o.present);
+            ix.drop_object(*obj);
+        }
+        let blocks = blocks.into_iter().map(|k| (k, ix.drop_block(k))).collect();
+        Victims {
+            blocks,
+            whole,
+            count,
+        }
+    }
+
+    /// Takes block `pk` out of the index and frees it on disk (or its whole
+    /// object, see [`Self::evicts_whole`]): for a bad or expired block.
+    pub(super) fn drop_and_free(&self, pk: PieceKey) {
+        let v = {
+            let mut ix = self.index.lock().unwrap();
+            if self.evicts_whole(&ix, pk.obj) {
+                Self::take(&mut ix, Vec::new(), vec![pk.obj])
+            } else {
+                Self::take(&mut ix, vec![pk], Vec::new())
+            }
+        };
+        self.remove_victims(v);
+    }
+
+    /// Frees the disk space of what [`Self::make_room`] or [`Self::sweep`]
+    /// took out of the index.
+    pub(super) fn remove_victims(&self, v: Victims) {
+        for obj in v.whole {
+            // A write may have started the object again meanwhile: keep it then.
+            if !self.index.lock().unwrap().objects.contains_key(&obj) {
+                self.remove_object_files(obj);
+            }
+        }
         let mut by_obj: HashMap<ObjectId, (Vec<u64>, bool)> = HashMap::new();
-        for (k, gone) in victims {
+        for (k, gone) in v.blocks {
             let e = by_obj.entry(k.obj).or_default();
             e.0.push(k.idx);
             e.1 |= gone;
@@ -69,10 +144,10 @@ impl DiskCache {
     }
 
     /// Frees blocks `idxs` of `obj` on disk: the whole object's files when it
-    /// has no block left (`gone`), else their records and their bytes (holes).
-    pub(super) fn remove_blocks(&self, obj: ObjectId, idxs: &[u64], gone: bool) {
+    /// has no block left (`gone`), else their records and their bytes (holes),
+    /// then lets writes and the seal of the object go on.
+    fn remove_blocks(&self, obj: ObjectId, idxs: &[u64], gone: bool) {
         if gone {
-            // A write may have started the object again meanwhile: keep it then.
             if !self.index.lock().unwrap().objects.contains_key(&obj) {
                 self.remove_object_files(obj);
             }
@@ -90,6 +165,10 @@ impl DiskCache {
                     break;
                 }
             }
+        }
+        let mut ix = self.index.lock().unwrap();
+        if let Some(o) = ix.objects.get_mut(&obj) {
+            o.removing = o.removing.saturating_sub(idxs.len() as u64);
         }
     }
 
@@ -157,30 +236,40 @@ impl DiskCache {
             self.refresh_limit(&mut guard, true);
             let ix = &mut *guard;
             let mut over = ix.total.saturating_sub(ix.limit);
-            let mut gone = Vec::new();
+            let mut blocks = Vec::new();
+            let mut whole = Vec::new();
             for (k, e) in ix.lru.iter().rev() {
-                if !ix.evictable(k, e) {
+                if !ix.evictable(k, e) || whole.contains(&k.obj) {
                     continue;
                 }
                 let idle = now.duration_since(e.last_access).unwrap_or_default();
-                if idle > self.ttl {
-                    expired += 1;
-                } else if !(over > 0 && idle >= PROTECT) {
+                let expire = idle > self.ttl;
+                if !(expire || (over > 0 && idle >= PROTECT)) {
                     break;
                 }
+                if self.evicts_whole(ix, k.obj) {
+                    if !Self::writing_any(ix, k.obj) {
+                        over = over.saturating_sub(ix.object_alloc(k.obj));
+                        if expire {
+                            expired += ix.objects.get(&k.obj).map_or(0, |o| o.present);
+                        }
+                        whole.push(k.obj);
+                    }
+                    continue;
+                }
+                expired += u64::from(expire);
                 over = over.saturating_sub(e.alloc);
-                gone.push(*k);
+                blocks.push(*k);
             }
-            let victims: Vec<(PieceKey, bool)> =
-                gone.into_iter().map(|k| (k, ix.drop_block(k))).collect();
+            let v = Self::take(ix, blocks, whole);
             metrics::gauge!(m::CACHE_DISK_BYTES).set(ix.total as f64);
-            victims
+            v
         };
-        let n = victims.len();
-        metrics::counter!(m::CACHE_EXPIRATIONS).increment(expired);
-        metrics::counter!(m::CACHE_EVICTIONS).increment(n as u64 - expired);
+        let n = victims.count;
+        metrics::counter!(m::CACHE_EXPIRATIONS).increment(expired.min(n));
+        metrics::counter!(m::CACHE_EVICTIONS).increment(n.saturating_sub(expired));
         self.remove_victims(victims);
-        n
+        n as usize
     }
 
     /// Rebuilds the index from the block maps on disk (runs once, in the
@@ -277,28 +366,29 @@ impl DiskCache {
     }
 
     /// Discards block `pk` (found bad): counted, warned, its record cleared and
-    /// its bytes freed, so the next read fetches it again. `crc` is what the
-    /// read expected: when the block was replaced or evicted meanwhile (a race
-    /// with eviction, not a bad block), nothing is said.
+    /// its bytes freed (or its whole object, [`Self::evicts_whole`]), so the
+    /// next read fetches it again. `crc` is what the read expected: when the
+    /// block was replaced or evicted meanwhile (a race with eviction, not a bad
+    /// block), nothing is said.
     pub(super) fn discard(&self, pk: PieceKey, crc: u32, why: &str) {
-        let mut ix = self.index.lock().unwrap();
-        let same = ix
-            .objects
-            .get(&pk.obj)
-            .and_then(|o| o.recs.get(pk.idx as usize).copied().flatten())
-            .is_some_and(|r| r.crc == crc);
-        if !same || ix.lru.peek(&pk).is_none_or(|e| e.writing) {
-            return;
+        {
+            let ix = self.index.lock().unwrap();
+            let same = ix
+                .objects
+                .get(&pk.obj)
+                .and_then(|o| o.recs.get(pk.idx as usize).copied().flatten())
+                .is_some_and(|r| r.crc == crc);
+            if !same || ix.lru.peek(&pk).is_none_or(|e| e.writing) {
+                return;
+            }
         }
-        let gone = ix.drop_block(pk);
-        drop(ix);
         warn!(
             file = %self.data_path(pk.obj).display(),
             block = pk.idx,
             "cache block {why}: discarded, fetching the block again"
         );
         metrics::counter!(m::CACHE_BAD_PIECES).increment(1);
-        self.remove_blocks(pk.obj, &[pk.idx], gone);
+        self.drop_and_free(pk);
     }
 
     pub(super) fn warn_io(&self, what: &str, path: &Path, e: &std::io::Error) {

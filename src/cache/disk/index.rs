@@ -38,6 +38,15 @@ pub(super) struct Obj {
     pub(super) seal: Option<Seal>,
     /// Allocated bytes of the map file.
     pub(super) map_alloc: u64,
+    /// Handed to the kernel as a passthrough backing file in this process.
+    /// Its data file is then never changed in place (a memory mapping made
+    /// by passthrough reads it even after the file is closed): evicting any
+    /// of its blocks removes the whole object (unlink; mappings keep the
+    /// unlinked file).
+    pub(super) exported: bool,
+    /// Blocks taken out of the index whose bytes are still being freed on
+    /// disk: until then no block of the object is written and it is not sealed.
+    pub(super) removing: u64,
 }
 
 impl Obj {
@@ -50,6 +59,8 @@ impl Obj {
             checked_n: 0,
             seal: None,
             map_alloc: alloc_size(objfile::map_len(blocks)),
+            exported: false,
+            removing: 0,
         }
     }
 
@@ -64,9 +75,15 @@ impl Obj {
         }
     }
 
-    /// Every block present and checked, and no seal yet: time to seal.
+    /// Every block present and checked, nothing being freed, and no seal
+    /// yet: time to seal.
     pub(super) fn wants_seal(&self) -> bool {
-        self.seal.is_none() && self.checked_n == self.blocks() && self.present == self.blocks()
+        self.seal.is_none() && self.whole_and_checked()
+    }
+
+    /// Every block present and checked, and nothing being freed.
+    pub(super) fn whole_and_checked(&self) -> bool {
+        self.checked_n == self.blocks() && self.present == self.blocks() && self.removing == 0
     }
 }
 
@@ -157,7 +174,21 @@ impl Index {
             self.total -= o.map_alloc;
             return true;
         }
+        o.removing += 1;
         false
+    }
+
+    /// Bytes that removing the whole object `obj` frees: its blocks' and its
+    /// map's allocation.
+    pub(super) fn object_alloc(&self, obj: ObjectId) -> u64 {
+        let Some(o) = self.objects.get(&obj) else {
+            return 0;
+        };
+        let blocks: u64 = (0..o.blocks())
+            .filter_map(|idx| self.lru.peek(&PieceKey { obj, idx }))
+            .map(|e| e.alloc)
+            .sum();
+        blocks + o.map_alloc
     }
 
     /// Takes every block of `obj` out of the index.

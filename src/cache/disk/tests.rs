@@ -131,6 +131,10 @@ fn limit_is_kept_and_young_blocks_are_protected() {
         .read_exact_at(&mut b, BS)
         .unwrap();
     assert!(b.iter().all(|&x| x == 0), "evicted block's bytes kept");
+    // ... and its space is given back: 10 blocks allocated, not 11.
+    use std::os::unix::fs::MetadataExt;
+    let allocated = std::fs::metadata(c.data_path(o)).unwrap().blocks() * 512;
+    assert_eq!(allocated, 10 * BS, "evicted block's space kept");
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -169,9 +173,12 @@ fn a_whole_checked_object_is_sealed_for_passthrough_until_its_file_changes() {
     drop(c);
     let c = reopen(&d, 1 << 30);
     assert!(c.backing(o, size).is_some(), "seal lost over a restart");
-    // Someone writes into the data file: not offered any more; the
+    // Someone writes into the data file (after another restart, so that it
+    // was never handed out in this process): not offered any more; the
     // CRC32C path finds the bad block; once refetched and every block was
     // checked again, it is sealed anew.
+    drop(c);
+    let c = reopen(&d, 1 << 30);
     let f = OpenOptions::new().write(true).open(c.data_path(o)).unwrap();
     f.write_all_at(&[block(2)[5] ^ 0xff], 2 * BS + 5).unwrap();
     assert!(c.backing(o, size).is_none(), "changed file offered");
@@ -181,6 +188,12 @@ fn a_whole_checked_object_is_sealed_for_passthrough_until_its_file_changes() {
     assert!(c.backing(o, size).is_none());
     assert!(c.write(pk(o, 2), size, &block(2)));
     assert!(c.backing(o, size).is_some(), "not sealed again");
+    // Handed out now: a bad block found later takes the whole object away
+    // (its file is never changed in place once the kernel had it).
+    f.write_all_at(&[block(0)[9] ^ 0xff], 9).unwrap();
+    assert!(c.backing(o, size).is_none(), "changed file offered");
+    assert!(c.read(pk(o, 0), size, BS).is_none(), "corrupt block served");
+    assert!(!c.data_path(o).exists(), "handed-out file changed in place");
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -210,20 +223,64 @@ fn after_a_restart_reading_every_block_seals_an_unsealed_object() {
 }
 
 #[test]
-fn a_pinned_object_is_never_evicted() {
+fn a_pinned_object_is_never_evicted_and_an_exported_one_goes_whole() {
     let d = tmpdir("pin");
     let c = DiskCache::open(&d, &cfg(&d, 2 * BS + 2 * 4096)).unwrap();
     let a = obj("a");
     fill(&c, a, 2);
     let pin = c.backing(a, 2 * BS).unwrap();
-    age_all(&c);
+    // Older than the TTL and than PROTECT: only the pin keeps it.
+    {
+        let mut ix = c.index.lock().unwrap();
+        let old = SystemTime::now() - c.ttl - Duration::from_secs(1);
+        for (_, e) in ix.lru.iter_mut() {
+            e.last_access = old;
+        }
+    }
     assert!(
         !c.write(pk(obj("b"), 0), BS, &block(0)),
         "pinned object evicted"
     );
-    assert_eq!(c.sweep(), 0);
+    assert_eq!(c.sweep(), 0, "pinned object expired");
+    assert!(c.data_path(a).exists());
     drop(pin);
+    // Once handed to the kernel, its data file is never changed in place
+    // (a passthrough mapping may still read it): room for one block of
+    // another object takes the whole object away, files and all.
     assert!(c.write(pk(obj("b"), 0), BS, &block(0)));
+    assert!(!c.contains(pk(a, 0), 2 * BS) && !c.contains(pk(a, 1), 2 * BS));
+    assert!(!c.data_path(a).exists() && !c.map_path(a).exists());
+    assert_eq!(c.total_bytes(), BS + 4096);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn concurrent_writes_of_one_new_object_all_count_and_seal_it() {
+    let d = tmpdir("concurrent");
+    let c = DiskCache::open(&d, &cfg(&d, 1 << 30)).unwrap();
+    let n = 16u64;
+    for round in 0..20 {
+        let o = obj(&format!("k{round}"));
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let c = &c;
+                s.spawn(move || {
+                    for i in (t..n).step_by(4) {
+                        assert!(c.write(pk(o, i), n * BS, &block(i)));
+                    }
+                });
+            }
+        });
+        for i in 0..n {
+            assert!(
+                c.contains(pk(o, i), n * BS),
+                "round {round}: block {i} lost"
+            );
+        }
+        assert!(c.backing(o, n * BS).is_some(), "round {round}: not sealed");
+    }
+    // 20 objects of 16 blocks, each with a 4 KiB map.
+    assert_eq!(c.total_bytes(), 20 * (n * BS + 4096));
     std::fs::remove_dir_all(&d).unwrap();
 }
 
