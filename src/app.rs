@@ -89,7 +89,15 @@ pub struct Mounted {
     extra_unmounter: Option<fuser::SessionUnmounter>,
     rt: Option<tokio::runtime::Runtime>,
     mountpoint: std::path::PathBuf,
+    cache: Option<Arc<Cache>>,
 }
+
+/// Longest wait at unmount for blocks still queued for the disk cache, and for
+/// the seal of objects they complete (an fdatasync of the whole data file),
+/// seconds. At most `MAX_PENDING_BYTES` (256 MiB) are queued: at a few hundred
+/// MiB/s of local disk this is seconds; past it the rest is dropped (the next
+/// mount fetches those blocks again).
+const CACHE_FLUSH_SECS: u64 = 60;
 
 impl Mounted {
     /// Checks the bucket with one LIST, mounts `source` at `mountpoint` and
@@ -127,7 +135,7 @@ impl Mounted {
                 config.metadata.clone(),
                 config.read.clone(),
             )
-            .with_cache(cache),
+            .with_cache(cache.clone()),
         );
         if config.metadata.prefetch_tree {
             let fs = fs.clone();
@@ -173,6 +181,7 @@ impl Mounted {
             extra_unmounter: Some(extra_unmounter),
             rt: Some(rt),
             mountpoint: mountpoint.to_path_buf(),
+            cache,
         })
     }
 
@@ -212,6 +221,21 @@ impl Mounted {
             .map_err(|_| anyhow::anyhow!("FUSE session thread panicked"))?;
         for line in telemetry::metrics::s3_request_summary() {
             info!("{line}");
+        }
+        if let Some(cache) = self.cache.take() {
+            // Blocks fetched in the last seconds are still being written: let
+            // them land (and complete objects be sealed), so the next mount
+            // finds them.
+            let left = cache
+                .disk()
+                .flush(std::time::Duration::from_secs(CACHE_FLUSH_SECS));
+            if left > 0 {
+                warn!(
+                    "unmounted with {} of blocks not yet written to the data cache \
+                     (the next mount fetches them again)",
+                    crate::cache::human(left)
+                );
+            }
         }
         if let Some(rt) = self.rt.take() {
             rt.shutdown_timeout(std::time::Duration::from_secs(2));

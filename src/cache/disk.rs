@@ -446,6 +446,20 @@ impl DiskCache {
         Some(Bytes::from(buf))
     }
 
+    /// Waits until every queued block is written (and what it completes is
+    /// sealed), at most `limit`. Returns the bytes still queued then (0: all
+    /// written).
+    pub fn flush(&self, limit: Duration) -> u64 {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = self.pending_bytes.load(Ordering::Relaxed);
+            if left == 0 || Instant::now() >= deadline {
+                return left;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Queues block `pk` (`data`) of an object of `size` bytes for writing,
     /// unless the write queue is full. Must be called inside a tokio runtime
     /// (the write runs on its blocking pool).
