@@ -229,11 +229,7 @@ fn a_plain_404_from_a_non_s3_server_is_not_called_a_missing_bucket() {
 #[test]
 fn unreachable_endpoint_fails_with_reason() {
     // Bind then drop a listener: nothing listens on that port now.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let dir = TempDir::new("unreach");
     let o = run(lakemount_cmd(&format!("http://127.0.0.1:{port}"))
         .args(["mount", "s3://some-bucket", "--config"])
@@ -354,22 +350,10 @@ fn daemon_returns_once_mounted_and_umount_stops_it() {
 fn metrics_endpoint_counts_s3_requests() {
     let b = bucket("metrics");
     server().put(&b, "a.bin", data(10_000, 3));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = format!("127.0.0.1:{}", free_port());
     let m = Mount::new(&b, &["--metrics-addr", &addr]);
     assert_eq!(std::fs::read(m.p("a.bin")).unwrap(), data(10_000, 3));
-    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
-    write!(
-        conn,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    conn.read_to_string(&mut body).unwrap();
+    let body = scrape(&addr);
     for want in [
         "lakemount_s3_requests_total{op=\"LIST\",status=\"200\"}",
         "lakemount_s3_requests_total{op=\"GET\",status=\"206\"}",

@@ -342,23 +342,15 @@ fn lookups_in_a_directory_over_max_dir_entries_use_head_not_a_list_storm() {
     assert_eq!(heads(&s), before.1 + 1, "readdir sent HEADs");
 }
 
-/// The value of metric `name` (no labels) from `GET http://addr/metrics`.
-fn metric(addr: &str, name: &str) -> f64 {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        conn,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    conn.read_to_string(&mut body).unwrap();
-    body.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{body}"))
-        .trim()
-        .parse()
-        .unwrap()
+/// The value of metric `name` (no labels) from `GET http://addr/metrics`;
+/// panics when the endpoint does not show it.
+fn metric_at(addr: &str, name: &str) -> f64 {
+    let body = scrape(addr);
+    assert!(
+        body.lines().any(|l| l.starts_with(&format!("{name} "))),
+        "{name} missing from /metrics:\n{body}"
+    );
+    metric(&body, name)
 }
 
 #[test]
@@ -369,12 +361,7 @@ fn forget_from_the_kernel_shrinks_the_inode_table() {
     for i in 0..n {
         s.put(&b, &format!("d/f{i:04}"), "x");
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = format!("127.0.0.1:{}", free_port());
     let m = MountSpec::new(&b)
         .server(&s)
         .args(&["--metrics-addr", &addr, "--metadata-ttl", "1"])
@@ -382,7 +369,7 @@ fn forget_from_the_kernel_shrinks_the_inode_table() {
     for i in 0..n {
         assert!(m.p(&format!("d/f{i:04}")).exists());
     }
-    let held = metric(&addr, "lakemount_meta_inodes");
+    let held = metric_at(&addr, "lakemount_meta_inodes");
     assert!(held >= (n + 2) as f64, "{held} inodes after {n} lookups");
     // Deleted in S3: once the TTL is over, the kernel's revalidating lookup
     // gets ENOENT, drops the dentry and the inode, and sends FORGET.
@@ -394,12 +381,12 @@ fn forget_from_the_kernel_shrinks_the_inode_table() {
         assert!(!m.p(&format!("d/f{i:04}")).exists());
     }
     wait_for(Duration::from_secs(10), || {
-        metric(&addr, "lakemount_meta_inodes") <= 10.0
+        metric_at(&addr, "lakemount_meta_inodes") <= 10.0
     })
     .unwrap_or_else(|| {
         panic!(
             "inode table still holds {} inodes after the kernel dropped them",
-            metric(&addr, "lakemount_meta_inodes")
+            metric_at(&addr, "lakemount_meta_inodes")
         )
     });
 }
