@@ -201,11 +201,17 @@ impl<S: ObjectStore> Reader<S> {
                 st.parts.push_front(part);
                 gap_end = start;
             }
-            // Drop parts the reader is more than a window past.
+            // Drop parts the reader is more than a part (at most a window)
+            // past. Kernel reads arrive at most a few MiB out of order; a
+            // later read behind what is kept is still sequential (within the
+            // tolerance) and fetches its gap again. Keeping a whole window
+            // behind held up to `max_window` (64 MiB) of consumed data per
+            // open file once the window grows to `max_window`.
+            let keep_behind = tolerance.min(part_size);
             while st
                 .parts
                 .front()
-                .is_some_and(|p| p.end.saturating_add(tolerance) <= offset)
+                .is_some_and(|p| p.end.saturating_add(keep_behind) <= offset)
             {
                 st.parts.pop_front();
             }
