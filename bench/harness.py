@@ -331,8 +331,9 @@ class MemServer:
     raw-GET limit is the client's, not the server's. The data set is uploaded
     at every start (nothing persists). Same interface as Garage."""
 
-    def __init__(self, bench_dir, binary, port_base):
+    def __init__(self, bench_dir, binary, port_base, ttfb_ms=0.0):
         self.dir = os.path.join(bench_dir, "memserver")
+        self.ttfb_ms = ttfb_ms  # emulated time to first byte of every read request (--ttfb-ms)
         self.binary = binary
         self.s3_port, self.stats_port = port_base + 10, port_base + 13
         self.endpoint = f"http://127.0.0.1:{self.s3_port}"
@@ -350,6 +351,8 @@ class MemServer:
         args = [self.binary, "--port", str(self.s3_port), "--stats-port", str(self.stats_port)]
         for b in ("lakebench-full", "lakebench-quick"):
             args += ["--bucket", b]
+        if self.ttfb_ms:
+            args += ["--ttfb-ms", f"{self.ttfb_ms:g}"]
         logf = open(os.path.join(self.dir, "server.log"), "a")
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=logf, text=True, start_new_session=True)
         info = {}
@@ -386,8 +389,91 @@ class MemServer:
 def make_server(a, preload=None):
     """The S3 server of this run, per --server."""
     if a.server == "memory":
-        return MemServer(a.bench_dir, a.memserver, a.port_base)
+        return MemServer(a.bench_dir, a.memserver, a.port_base, getattr(a, "ttfb_ms", 0.0) or 0.0)
     return Garage(a.bench_dir, a.garage, a.port_base, preload)
+
+
+# ------------------------------------------------------------------ link emulation
+
+
+class LinkShaper:
+    """Limits what the S3 server sends (its source port on `lo`) to `gbit`
+    Gbit/s, so the raw-GET limit is a training node's link to S3 rather than
+    loopback memory bandwidth (bench/README.md, "Link emulation").
+
+    An HTB root qdisc on `lo` whose default class does not exist (HTB then
+    sends unclassified packets straight through, unshaped: all other loopback
+    traffic of the machine is untouched), one class at the link rate, and a
+    u32 filter sending packets with IP source port = the server's S3 port to
+    it. Loopback carries 64 KiB (GSO) packets, so quantum and burst are sized
+    for those. Removed by `stop()` (the driver's `finally`) and, as a safety
+    net, by run.sh's exit trap, which recognises the qdisc by its handle."""
+
+    HANDLE = "ae5"  # hex qdisc major; run.sh's cleanup trap matches "htb ae5:"
+
+    def __init__(self, port, gbit, dev="lo"):
+        self.port, self.gbit, self.dev = port, gbit, dev
+        self.active = False
+        # Burst: 1 ms of the link, at least 4 loopback packets of 64 KiB. HTB
+        # lets a class send `burst` bytes at full speed after idling; small
+        # keeps the emulated link honest, too small (< a few GSO packets) costs
+        # rate accuracy.
+        rate_bytes = gbit * 1e9 / 8
+        self.burst = max(4 * 65536, int(rate_bytes / 1000))
+        self.quantum = 4 * 65536
+
+    def commands(self):
+        h, dev = self.HANDLE, self.dev
+        rate = f"{self.gbit * 1000:g}mbit"
+        return [
+            ["tc", "qdisc", "add", "dev", dev, "root", "handle", f"{h}:", "htb", "default", "0"],
+            ["tc", "class", "add", "dev", dev, "parent", f"{h}:", "classid", f"{h}:10", "htb", "rate", rate,
+             "ceil", rate, "burst", str(self.burst), "cburst", str(self.burst), "quantum", str(self.quantum)],
+            ["tc", "filter", "add", "dev", dev, "parent", f"{h}:", "protocol", "ip", "prio", "1", "u32",
+             "match", "ip", "sport", str(self.port), "0xffff", "flowid", f"{h}:10"],
+        ]
+
+    def _root(self):
+        r = run(["tc", "qdisc", "show", "dev", self.dev], check=False)
+        return next((line for line in (r.stdout or "").splitlines() if " root " in line), "")
+
+    def start(self):
+        if not shutil.which("tc"):
+            raise RuntimeError("--link-gbit needs `tc` (iproute2)")
+        root = self._root()
+        if f"htb {self.HANDLE}:" in root:
+            log(f"removing a stale link-emulation qdisc on {self.dev} (an earlier, killed run)")
+            run(["tc", "qdisc", "del", "dev", self.dev, "root"], check=False)
+        elif root and not root.startswith("qdisc noqueue"):
+            raise RuntimeError(f"{self.dev} already has a root qdisc that this harness did not make: {root!r}; "
+                               "not replacing it")
+        self.active = True  # from the first command on, stop() cleans up
+        for cmd in self.commands():
+            run(cmd)
+        log(f"link emulation: {self.gbit:g} Gbit/s on {self.dev} for source port {self.port} "
+            f"(HTB burst {self.burst} B, quantum {self.quantum} B)")
+
+    def stats(self):
+        r = run(["tc", "-s", "class", "show", "dev", self.dev, "classid", f"{self.HANDLE}:10"], check=False)
+        return (r.stdout or "").strip()
+
+    def stop(self):
+        if self.active and f"htb {self.HANDLE}:" in self._root():
+            run(["tc", "qdisc", "del", "dev", self.dev, "root"], check=False)
+            log(f"link emulation removed from {self.dev}")
+        self.active = False
+
+
+def link_text(link):
+    """The emulated link of a run, for titles and headers ("" when unlimited)."""
+    if not link or not (link.get("gbit") or link.get("ttfb_ms")):
+        return ""
+    parts = []
+    if link.get("gbit"):
+        parts.append(f"{link['gbit']:g} Gbit/s")
+    if link.get("ttfb_ms"):
+        parts.append(f"{link['ttfb_ms']:g} ms TTFB")
+    return ", ".join(parts)
 
 
 def s3_env(g):
@@ -882,6 +968,19 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
              f"tree/ {m['tree_dirs']} x {m['tree_per']} objects of 4-12 KiB; flat/ {m['flat']:,} objects of 4-12 KiB; "
              f"jpeg/ {m['jpeg_dirs']} x {m['jpeg_per']} objects of 40-200 KB. Time caps: seq {m['seq_secs']} s, "
              f"rand {m['rand_secs']} s, loader {m['loader_secs']} s, meta {m['meta_secs']} s.")
+    lt = link_text(ctx.get("link"))
+    link = ctx.get("link") or {}
+    if lt:
+        L.append(f"- Link emulation: **{lt}**. "
+                 + (f"What the S3 server sends is limited to {link['gbit']:g} Gbit/s "
+                    f"({link['gbit'] * 1e9 / 8 / MIB:,.0f} MiB/s) by an HTB class on `lo` for its port"
+                    if link.get("gbit") else "No bandwidth limit")
+                 + (f"; every GET, HEAD and LIST waits {link['ttfb_ms']:g} ms before its answer (`--ttfb-ms`)"
+                    if link.get("ttfb_ms") else "; no added latency")
+                 + ". The raw-GET column is then the limit of that link (bench/README.md, \"Link emulation\").")
+    else:
+        L.append("- Link: unlimited loopback (no emulation): the raw-GET limit is the in-memory server and "
+                 "loopback memory bandwidth.")
     L.append("- Versions:")
     for k, v in ver.items():
         L.append(f"  - {k}: {v}")
@@ -935,6 +1034,22 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
         L.append(f"| {w} | {WORKLOADS[w][2]} | " + " | ".join(cell(s, w, "value") for s in systems) + " |")
     L.append("")
 
+    if link.get("gbit"):
+        # The limit is the emulated link: does the bare client fill it?
+        cap = link["gbit"] * 1e9 / 8 / MIB
+        L.append("## Does the bare client fill the emulated link?\n")
+        L.append(f"The link carries at most {cap:,.0f} MiB/s of S3 payload plus headers; raw-GET should come "
+                 "close to it on the streaming workloads (seq, loader-tar, handles-200), which shows the shaping "
+                 "works and the limit is the link, not the client or the CPU.\n")
+        L.append("| workload | raw-GET limit | link rate | raw-GET / link |")
+        L.append("|---|---|---|---|")
+        for w in workloads:
+            base = table.get(("raw-get", w), {})
+            if WORKLOADS[w][2] != "MiB/s" or not base.get("median"):
+                continue
+            L.append(f"| {w} | {fmt_value(base['median'], 'MiB/s')} MiB/s | {cap:,.0f} MiB/s | "
+                     f"{base['median'] / cap:.2f} |")
+        L.append("")
     # The limit must not be the bottleneck: >= 3x the slowest mount.
     L.append("## Is the server the bottleneck?\n")
     L.append("The raw-GET limit must be at least 3x the slowest mount in the same run; otherwise the "
@@ -957,7 +1072,11 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
         if ratio < 3:
             low.append(w)
     L.append("")
-    if low:
+    if low and link.get("gbit"):
+        L.append(f"With an emulated link, LIMIT TOO LOW ({', '.join(low)}) is expected and is not a fault of the "
+                 "run: the link is meant to be the bottleneck, and a mount close to it is what the issue asks for. "
+                 "The ratio to the raw-GET limit is the number to read.\n")
+    elif low:
         L.append(f"Where it says LIMIT TOO LOW ({', '.join(low)}), the slowest mount already gets more than a "
                  "third of what the server can deliver to a bare client on this machine: the ratios of those rows "
                  "are bounded by the server and the shared CPU (the server, the FUSE daemon and the reader share "
@@ -1019,12 +1138,18 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
     L.append("# server")
     if isinstance(ctx["garage"], MemServer):
         srv = ctx["garage"]
+        ttfb = f" --ttfb-ms {srv.ttfb_ms:g}" if srv.ttfb_ms else ""
         L.append(f"target/release/lakemount-testserver --port {srv.s3_port} --stats-port {srv.stats_port} "
-                 "--bucket lakebench-full --bucket lakebench-quick"
+                 f"--bucket lakebench-full --bucket lakebench-quick{ttfb}"
                  "   # in memory; the data set is uploaded by `rawget put` at every start")
     else:
         L.append("LD_PRELOAD=$BENCH_DIR/nodelay.so garage -c $BENCH_DIR/garage/garage.toml server"
                  "   # config written by bench/harness.py; nodelay.so from bench/nodelay/nodelay.c")
+    if link.get("gbit"):
+        L.append("")
+        L.append("# link emulation (removed at exit with `tc qdisc del dev lo root`)")
+        for cmd in LinkShaper(g.s3_port, link["gbit"]).commands():
+            L.append(" ".join(cmd))
     L.append("")
     L.append("# mounts (one fresh mount per measurement; unmounted with `umount MNT`)")
     for s in systems:
@@ -1065,7 +1190,10 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
         for i, n in enumerate(notes, 1):
             L.append(f"[^{i}]: {n}")
         L.append("")
-    save_section(path, "harness", f"Mounts against the raw-GET limit ({ctx['mode_name']} run, {started:%Y-%m-%d})",
+    lt = link_text(ctx.get("link"))
+    save_section(path, "harness-link" if lt else "harness",
+                 f"Mounts against the raw-GET limit{' of an emulated ' + lt + ' link' if lt else ''} "
+                 f"({ctx['mode_name']} run, {started:%Y-%m-%d})",
                  "\n".join(L).split("\n"))
 
 
@@ -1098,12 +1226,14 @@ def report_only(a):
     m = dict(MODES[meta["mode"]], runs=meta["runs"])
     results = {tuple(k.split("|")): v for k, v in raw["results"].items()}
     in_memory = meta.get("server") == "memory" or any("in-memory" in k for k in (meta.get("versions") or {}))
-    g = MemServer(a.bench_dir, a.memserver, a.port_base) if in_memory else Garage(a.bench_dir, a.garage, a.port_base, None)
+    link = meta.get("link") or {}
+    g = (MemServer(a.bench_dir, a.memserver, a.port_base, link.get("ttfb_ms") or 0.0) if in_memory
+         else Garage(a.bench_dir, a.garage, a.port_base, None))
     g.key_id, g.secret = "KEY", "SECRET"
     bucket = f"lakebench-{meta['mode']}"
     ctx = {"args": a, "mode": m, "mode_name": meta["mode"], "garage": g, "bucket": bucket, "rawget": a.rawget,
            "suites": meta["suites"], "results": results, "factories": {}, "argv": meta.get("argv", []),
-           "versions": meta.get("versions")}
+           "versions": meta.get("versions"), "link": link}
     for s in meta["systems"]:
         if s in MOUNTS and s not in meta["skipped"]:
             ctx["factories"][s] = mount_factory(s, a, g, bucket, write_secrets=False)[0]
@@ -1130,12 +1260,22 @@ def main():
     p.add_argument("--nodelay", default=None,
                    help="LD_PRELOAD shim that sets TCP_NODELAY in Garage (bench/nodelay/nodelay.c)")
     p.add_argument("--port-base", type=int, default=int(os.environ.get("BENCH_PORT_BASE", "39800")))
+    p.add_argument("--link-gbit", type=float, default=0.0, metavar="G",
+                   help="emulate a training node's link to S3: limit what the server sends to G Gbit/s "
+                        "(HTB on lo for the server's port; bench/README.md). 0: unlimited loopback (default)")
+    p.add_argument("--ttfb-ms", type=float, default=0.0, metavar="T",
+                   help="emulated time to first byte of every GET/HEAD/LIST, ms (in-memory server only). "
+                        "0: none (default)")
     p.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"))
     p.add_argument("--report", metavar="RAW_JSON",
                    help="only rewrite RESULTS.md from the raw runs of an earlier run ($BENCH_DIR/results/*.json)")
     a = p.parse_args()
     if a.report:
         return report_only(a)
+    if a.link_gbit < 0 or a.ttfb_ms < 0:
+        p.error("--link-gbit and --ttfb-ms must be >= 0")
+    if a.ttfb_ms and a.server != "memory":
+        p.error("--ttfb-ms needs the in-memory server (--server memory)")
     a.bench_dir = os.path.abspath(a.bench_dir)
     if a.bench_dir.startswith(REPO + os.sep):
         p.error(f"--bench-dir {a.bench_dir} is inside the checkout; keep the data outside it")
@@ -1172,6 +1312,8 @@ def main():
     if not preload and a.server == "garage":
         log("WARNING: no TCP_NODELAY shim for Garage: small GETs will stall 40 ms each (see bench/nodelay/nodelay.c)")
     g = make_server(a, preload)
+    link = {"gbit": a.link_gbit, "ttfb_ms": a.ttfb_ms}
+    shaper = LinkShaper(g.s3_port, a.link_gbit) if a.link_gbit else None
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = loadavg()
     log(f"mode {mode_name}, workloads {', '.join(workloads)}, systems {', '.join(systems)}, load {load_before:.2f}")
@@ -1185,12 +1327,14 @@ def main():
     results = {}
     try:
         g.start()
+        if shaper:
+            shaper.start()
         t = time.monotonic()
         data = make_data(a, mode_name, g, bucket, a.rawget)
         setup_log.append(f"data sets ready in {time.monotonic() - t:.0f} s (generated when missing; uploaded when the server lacks them)")
         ctx = {"args": a, "mode": m, "mode_name": mode_name, "garage": g, "bucket": bucket, "rawget": a.rawget,
                "data": data, "tmp": tmp, "suites": wanted, "results": results, "factories": {},
-               "versions": versions(g, a.rawget)}
+               "versions": versions(g, a.rawget), "link": link}
         skipped = {}
         for s in systems:
             if s in MOUNTS:
@@ -1226,7 +1370,7 @@ def main():
         meta = {"mode": mode_name, "runs": m["runs"], "suites": wanted, "workloads": workloads, "systems": systems,
                 "skipped": skipped, "started": started.isoformat(), "finished": finished.isoformat(),
                 "load_before": load_before, "load_after": load_after, "setup_log": setup_log, "argv": sys.argv[1:],
-                "server": a.server,
+                "server": a.server, "link": link,
                 "versions": ctx["versions"]}
         with open(raw, "w") as f:
             json.dump({"meta": meta, "results": {f"{s}|{w}": v for (s, w), v in results.items()}}, f, indent=1)
@@ -1243,6 +1387,9 @@ def main():
                 if os.path.ismount(mp_):
                     log(f"unmounting leftover {mp_}")
                     run(["umount", "-l", mp_], check=False)
+        if shaper:
+            log("link class counters: " + " ".join(shaper.stats().split()))
+            shaper.stop()
         g.stop()
         # rclone's cache of the last rclone-full measurement (up to the whole data set).
         shutil.rmtree(os.path.join(a.bench_dir, "rclone-cache"), ignore_errors=True)

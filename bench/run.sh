@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# lakemount benchmark: bench/run.sh [--quick] [--runs N] [--systems a,b] [SUITE|WORKLOAD ...]
+# lakemount benchmark: bench/run.sh [--quick] [--runs N] [--systems a,b]
+#                       [--link-gbit G --ttfb-ms T] [SUITE|WORKLOAD ...]
 #
 # Suites: seq rand loader meta all (default: all). Writes bench/RESULTS.md.
 # Data, Garage, mount points and logs live in $BENCH_DIR (default: ../bench-data
@@ -15,7 +16,9 @@ mkdir -p "$BENCH_DIR"
 say() { echo "[bench] $*" >&2; }
 
 # Safety net if the driver dies hard: unmount whatever is still mounted under
-# $BENCH_DIR/mnt and stop the Garage this harness started (by its pid file).
+# $BENCH_DIR/mnt, stop the Garage this harness started (by its pid file) and
+# remove the link emulation (--link-gbit: an HTB root qdisc on lo with handle
+# ae5:, see LinkShaper in harness.py; any other qdisc is left alone).
 cleanup() {
     local m pid
     for m in "$BENCH_DIR"/mnt/*; do
@@ -26,6 +29,9 @@ cleanup() {
         if [[ -n $pid ]] && grep -qa "$BENCH_DIR/garage/garage.toml" "/proc/$pid/cmdline" 2>/dev/null; then
             say "stopping Garage (pid $pid)"; kill "$pid" || true
         fi
+    fi
+    if command -v tc >/dev/null && tc qdisc show dev lo 2>/dev/null | grep -q '^qdisc htb ae5: root'; then
+        say "removing the link emulation qdisc from lo"; tc qdisc del dev lo root || true
     fi
 }
 trap cleanup EXIT
@@ -38,6 +44,7 @@ command -v rclone >/dev/null || missing+=(rclone)
 command -v s3fs >/dev/null || missing+=(s3fs)
 command -v python3 >/dev/null || missing+=(python3)
 command -v fusermount3 >/dev/null || missing+=(fuse3)
+command -v tc >/dev/null || missing+=(iproute2)   # --link-gbit (bench/README.md)
 command -v cc >/dev/null || missing+=(gcc libc6-dev)
 if ((${#missing[@]})); then
     say "apt-get install ${missing[*]}"

@@ -63,6 +63,13 @@ struct State {
     parts: VecDeque<Part>,
     /// Current read-ahead window, bytes.
     window: u64,
+    /// Offset whose read doubles the window: the middle of the window as it
+    /// was when last set (reset or doubled). Measured from where the window
+    /// was set, not from the last part held: every read tops the parts up to
+    /// a full window ahead, so "within half a window of the last part" was
+    /// never true again once the window exceeded about twice the read size,
+    /// and the window stalled at ~8 MiB instead of growing to `max_window`.
+    grow_at: u64,
 }
 
 /// The reader of one open file at one ETag.
@@ -102,6 +109,7 @@ impl<S: ObjectStore> Reader<S> {
             state: Mutex::new(State {
                 parts: VecDeque::new(),
                 window,
+                grow_at: 0,
             }),
         }
     }
@@ -183,7 +191,7 @@ impl<S: ObjectStore> Reader<S> {
         let sequential = coverage.is_some_and(|(a, b)| {
             offset.saturating_add(tolerance) >= a && offset <= b.saturating_add(tolerance)
         });
-        if let (true, Some((a, b))) = (sequential, coverage) {
+        if let (true, Some((a, _))) = (sequential, coverage) {
             // A late, reordered read in front of what is held: fetch the gap.
             let mut gap_end = a;
             while offset < gap_end {
@@ -193,17 +201,24 @@ impl<S: ObjectStore> Reader<S> {
                 st.parts.push_front(part);
                 gap_end = start;
             }
-            // Drop parts the reader is more than a window past.
+            // Drop parts the reader is more than a part (at most a window)
+            // past. Kernel reads arrive at most a few MiB out of order; a
+            // later read behind what is kept is still sequential (within the
+            // tolerance) and fetches its gap again. Keeping a whole window
+            // behind held up to `max_window` (64 MiB) of consumed data per
+            // open file once the window grows to `max_window`.
+            let keep_behind = tolerance.min(part_size);
             while st
                 .parts
                 .front()
-                .is_some_and(|p| p.end.saturating_add(tolerance) <= offset)
+                .is_some_and(|p| p.end.saturating_add(keep_behind) <= offset)
             {
                 st.parts.pop_front();
             }
             // The reader keeps up: it reached the second half of the window.
-            if end.saturating_add(st.window / 2) >= b {
+            if end >= st.grow_at {
                 st.window = st.window.saturating_mul(2).min(self.window_cap());
+                st.grow_at = offset.saturating_add(st.window / 2);
             }
         } else {
             if coverage.is_some() {
@@ -211,6 +226,7 @@ impl<S: ObjectStore> Reader<S> {
             }
             st.parts.clear();
             st.window = initial;
+            st.grow_at = offset.saturating_add(initial / 2);
         }
         let target = end.max(offset + st.window).min(self.size);
         let mut next = st.parts.back().map_or(offset, |p| p.end);
@@ -319,6 +335,32 @@ mod tests {
         // than one per 333-byte read (151 reads) once the window has grown.
         let gets = store.gets.load(Ordering::Relaxed);
         assert!((50..=70).contains(&gets), "gets = {gets}");
+    }
+
+    /// The window keeps doubling up to `max_window` while reads stay
+    /// sequential, also when it is many reads wide (it used to stop growing at
+    /// about twice the read size plus a part: 8 MiB for 1 MiB kernel reads, so
+    /// one 8 MiB GET in flight instead of `max_window / part_size`).
+    #[tokio::test]
+    async fn window_grows_to_max_window_with_small_reads() {
+        let store = Arc::new(MemStore::default());
+        let d = data(200_000);
+        let etag = store.put("k", d.clone());
+        let c = ReadConfig {
+            max_window: 16_000,
+            ..cfg()
+        };
+        let r = Reader::new(store.clone(), "k", &etag, d.len() as u64, c, budget());
+        let mut off = 0;
+        while off < 100_000 {
+            let b = r.read(off, 333).await.unwrap();
+            assert_eq!(&b[..], &d[off as usize..off as usize + b.len()]);
+            off += b.len() as u64;
+        }
+        let st = r.state.lock().unwrap();
+        assert_eq!(st.window, 16_000, "window after 100 000 sequential bytes");
+        let ahead = st.parts.back().unwrap().end - off;
+        assert!(ahead >= 15_000, "only {ahead} bytes read ahead");
     }
 
     #[tokio::test]

@@ -2,13 +2,22 @@
 //!
 //! ```text
 //! lakemount-testserver [--port N] [--bucket NAME]... [--populate-demo] [--tls]
-//!                      [--stats-port N]
+//!                      [--stats-port N] [--ttfb-ms MS] [--ttfb-ops OP,OP...]
 //! ```
 //!
 //! Prints `endpoint=URL` (and `ca=PATH` with `--tls`), plus the credentials, on
 //! stdout, then serves until killed. With `--stats-port`, plain HTTP on that
 //! loopback port answers any request with the request counters, one
 //! `s3_requests{op="GetObject"} 123` line per operation (for the benchmark).
+//!
+//! `--ttfb-ms MS` emulates the per-request latency of a real S3 or MinIO
+//! server (time to first byte): every request of the operations in
+//! `--ttfb-ops` (default: the read operations GetObject, HeadObject,
+//! ListObjectsV2, ListObjects; never the uploads) waits MS milliseconds
+//! before it is answered. The wait is a tokio timer (the hook of
+//! [`TestServer::set_delay`]), so it blocks no other request: N requests in
+//! flight all wait MS, as on a real server, not N x MS. The benchmark combines
+//! it with a bandwidth limit on the server's port (bench/README.md).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -16,7 +25,11 @@ use std::net::SocketAddr;
 use lakemount_testserver::{ACCESS_KEY, REGION, SECRET_KEY, TestServer};
 
 const USAGE: &str = "usage: lakemount-testserver [--port N] [--bucket NAME]... [--populate-demo] \
-                     [--tls] [--stats-port N]";
+                     [--tls] [--stats-port N] [--ttfb-ms MS] [--ttfb-ops OP,OP...]";
+
+/// Operations `--ttfb-ms` delays unless `--ttfb-ops` says otherwise: what a
+/// reader sends (PUTs of the upload stay fast).
+const TTFB_OPS: &[&str] = &["GetObject", "HeadObject", "ListObjectsV2", "ListObjects"];
 
 struct Args {
     port: u16,
@@ -24,6 +37,8 @@ struct Args {
     populate_demo: bool,
     tls: bool,
     stats_port: Option<u16>,
+    ttfb_ms: f64,
+    ttfb_ops: Vec<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -33,6 +48,8 @@ fn parse_args() -> Result<Args, String> {
         populate_demo: false,
         tls: false,
         stats_port: None,
+        ttfb_ms: 0.0,
+        ttfb_ops: TTFB_OPS.iter().map(|s| (*s).to_owned()).collect(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -60,6 +77,21 @@ fn parse_args() -> Result<Args, String> {
                         .parse()
                         .map_err(|e| format!("--stats-port: {e}"))?,
                 )
+            }
+            "--ttfb-ms" => {
+                args.ttfb_ms = value("--ttfb-ms")?
+                    .parse()
+                    .map_err(|e| format!("--ttfb-ms: {e}"))?;
+                if !(args.ttfb_ms >= 0.0 && args.ttfb_ms < 60_000.0) {
+                    return Err("--ttfb-ms: must be between 0 and 60000".to_owned());
+                }
+            }
+            "--ttfb-ops" => {
+                args.ttfb_ops = value("--ttfb-ops")?
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect()
             }
             "--tls" => args.tls = true,
             "-h" | "--help" => return Err(USAGE.to_owned()),
@@ -163,6 +195,12 @@ fn main() {
             populate_demo(&server, b);
         }
     }
+    if args.ttfb_ms > 0.0 {
+        let d = std::time::Duration::from_secs_f64(args.ttfb_ms / 1000.0);
+        for op in &args.ttfb_ops {
+            server.set_delay(op, "", d);
+        }
+    }
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "endpoint={}", server.endpoint());
     if let Some(p) = ca {
@@ -170,6 +208,14 @@ fn main() {
     }
     let _ = writeln!(out, "access_key={ACCESS_KEY}");
     let _ = writeln!(out, "secret_key={SECRET_KEY}");
+    if args.ttfb_ms > 0.0 {
+        let _ = writeln!(
+            out,
+            "ttfb_ms={} ops={}",
+            args.ttfb_ms,
+            args.ttfb_ops.join(",")
+        );
+    }
     let _ = writeln!(out, "region={REGION}");
     let _ = out.flush();
     drop(out);
