@@ -94,7 +94,7 @@ pub struct Mounted {
 
 /// Longest wait at unmount for blocks still queued for the disk cache, and for
 /// the seal of objects they complete (an fdatasync of the whole data file),
-/// seconds. At most `MAX_PENDING_BYTES` (256 MiB) are queued: at a few hundred
+/// seconds. At most `MAX_PENDING_BYTES` (1 GiB) are queued: at a few hundred
 /// MiB/s of local disk this is seconds; past it the rest is dropped (the next
 /// mount fetches those blocks again).
 const CACHE_FLUSH_SECS: u64 = 60;

@@ -127,12 +127,23 @@ pub fn render() -> Option<String> {
     HANDLE.get().map(|h| h.render())
 }
 
-/// Lines of [`render`] that count S3 requests, for the shutdown log.
+/// Lines of [`render`] that count S3 requests and what the data cache skipped,
+/// found bad or passed through, for the shutdown log.
 pub fn s3_request_summary() -> Vec<String> {
     render()
         .unwrap_or_default()
         .lines()
-        .filter(|l| l.starts_with(S3_REQUESTS) || l.starts_with(S3_GET_BYTES))
+        .filter(|l| {
+            [
+                S3_REQUESTS,
+                S3_GET_BYTES,
+                CACHE_SKIPPED,
+                CACHE_BAD_PIECES,
+                CACHE_PASSTHROUGH_OPENS,
+            ]
+            .iter()
+            .any(|m| l.starts_with(m))
+        })
         .map(str::to_string)
         .collect()
 }
