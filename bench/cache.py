@@ -60,11 +60,13 @@ SHARD_PAIRS = 3
 
 
 def shard_pair(mnt, data, cache_dir, local_first):
-    """(mount read, local-disk read) of the shards, page caches dropped first."""
-    evict(cache_dir, os.path.join(data, "shards"))
+    """(mount read, local-disk read) of the shards, page caches dropped first:
+    the local copy's, the cache directory's, and the mount's own (without
+    passthrough the kernel keeps the FUSE file's pages across opens)."""
+    evict(cache_dir, os.path.join(mnt, "shards"), os.path.join(data, "shards"))
     if local_first:
         local = read_shards(data)
-        evict(cache_dir)
+        evict(cache_dir, os.path.join(mnt, "shards"))
         through = read_shards(mnt)
     else:
         through = read_shards(mnt)
