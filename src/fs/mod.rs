@@ -96,8 +96,6 @@ pub struct Opened {
     pub fh: u64,
     /// The kernel page cache already holds this ETag's data: keep it (FOPEN_KEEP_CACHE).
     pub keep_cache: bool,
-    /// The ETag the handle is pinned to.
-    pub etag: String,
     /// When asked for and the data cache holds the whole object, unchanged
     /// since it was checked: its local file, for FUSE passthrough. The object
     /// stays pinned in the cache while this value lives.
@@ -274,12 +272,9 @@ impl<S: ObjectStore> Fs<S> {
         match self.meta.find(&attr.parent_prefix, name).await? {
             // A changed ETag leaves the old attributes (for the handles that
             // read the old version) and marks the inode superseded.
-            Some(e) if e.kind == EntryKind::File => self
-                .meta
-                .inodes
-                .refresh(ino, &e)
-                .map(|(attr, _)| attr)
-                .ok_or(FsError::NotFound),
+            Some(e) if e.kind == EntryKind::File => {
+                self.meta.inodes.refresh(ino, &e).ok_or(FsError::NotFound)
+            }
             _ => Err(FsError::NotFound),
         }
     }
@@ -371,7 +366,6 @@ impl<S: ObjectStore> Fs<S> {
         Ok(Opened {
             fh,
             keep_cache,
-            etag: attr.etag,
             backing,
         })
     }

@@ -62,10 +62,9 @@ struct InodeIo {
     backing: Option<Shared>,
 }
 
-/// The backing file of an inode's passthrough opens.
+/// The backing file of an inode's passthrough opens. One inode is one object
+/// version, so every open of the inode may share it.
 struct Shared {
-    /// The version (ETag) it holds.
-    etag: String,
     id: Arc<BackingId>,
     /// Keeps the object in the data cache (not evicted) while it is open.
     _pin: crate::cache::Backing,
@@ -160,8 +159,7 @@ fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
 }
 
 /// Answers an open with the I/O mode [`IoModes`] allows, and records it.
-fn open_reply<S: ObjectStore>(
-    fs: &Fs<S>,
+fn open_reply(
     reply: ReplyOpen,
     ino: u64,
     o: crate::fs::Opened,
@@ -174,26 +172,14 @@ fn open_reply<S: ObjectStore>(
     let mut shared = None;
     let mode = match (o.backing, &e.backing) {
         _ if e.cached > 0 => IoMode::Cached,
-        (_, Some(b)) if b.etag == o.etag => {
+        (_, Some(b)) => {
             shared = Some(b.id.clone());
             IoMode::Passthrough
-        }
-        (_, Some(_)) => {
-            // Cannot happen (one inode, one version); the kernel would refuse
-            // any open but one sharing the backing file, so look up again.
-            if e.cached == 0 && e.passthrough == 0 {
-                st.inodes.remove(&ino);
-            }
-            drop(st);
-            fs.release(o.fh);
-            reply.error(Errno::ESTALE);
-            return;
         }
         (Some(b), None) => match reply.open_backing(&b.file) {
             Ok(id) => {
                 let id = Arc::new(id);
                 e.backing = Some(Shared {
-                    etag: o.etag.clone(),
                     id: id.clone(),
                     _pin: b,
                 });
@@ -314,7 +300,7 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         self.rt.spawn(async move {
             let want = passthrough.load(Ordering::Relaxed);
             match fs.open(ino.0, write, want).await {
-                Ok(o) => open_reply(&fs, reply, ino.0, o, &io, &passthrough),
+                Ok(o) => open_reply(reply, ino.0, o, &io, &passthrough),
                 Err(e) => reply.error(errno("open", &e)),
             }
         });

@@ -207,8 +207,8 @@ impl InodeTable {
     /// Marks `ino`'s attributes as confirmed now (a listing still shows them).
     /// A file whose listing shows another ETag keeps its attributes and is
     /// marked superseded instead (the next lookup of its name gets a new
-    /// inode): `Some((attr, true))`. `None`: the kernel forgot `ino`.
-    pub fn refresh(&self, ino: u64, entry: &ListedEntry) -> Option<(Attr, bool)> {
+    /// inode; [`Self::superseded`] then says so). `None`: the kernel forgot `ino`.
+    pub fn refresh(&self, ino: u64, entry: &ListedEntry) -> Option<Attr> {
         let mut t = self.table.lock().unwrap();
         let inode = t.inodes.get_mut(&ino)?;
         if inode.superseded || (inode.attr.kind == EntryKind::File && inode.attr.etag != entry.etag)
@@ -219,13 +219,13 @@ impl InodeTable {
             if t.children.get(&key) == Some(&ino) {
                 t.children.remove(&key);
             }
-            return Some((attr, true));
+            return Some(attr);
         }
         inode.attr.size = entry.size;
         inode.attr.etag = entry.etag.clone();
         inode.attr.mtime = entry.mtime;
         inode.attr.validated = Instant::now();
-        Some((inode.attr.clone(), false))
+        Some(inode.attr.clone())
     }
 
     /// Notes that the kernel page cache of `ino` now holds data of `etag`;
