@@ -2,6 +2,7 @@
 //! shutdown. `run_mount` is what `lakemount mount` does.
 
 use crate::cache::Cache;
+use crate::store::pool::{BufferPool, MAX_IDLE};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -112,7 +113,15 @@ impl Mounted {
             .context("starting the async runtime")?;
         let store = rt.block_on(async {
             telemetry::metrics::install(config.telemetry.metrics_addr)?;
-            let store = S3Store::new(&source.bucket, &config.s3).await?;
+            // Whole read-ahead parts reuse their buffers; idle ones are at
+            // most 1/8 of the budget, MAX_IDLE (64 MiB) at most.
+            let pool = BufferPool::new(
+                config.read.part_size as usize,
+                (config.read.budget_bytes() / 8).min(MAX_IDLE as u64) as usize,
+            );
+            let store = S3Store::new(&source.bucket, &config.s3)
+                .await?
+                .with_buffer_pool(pool);
             probe(&store, source, config).await?;
             anyhow::Ok(store)
         })?;

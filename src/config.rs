@@ -86,6 +86,11 @@ pub enum ConfigError {
 /// multipart upload limits").
 const MAX_PART_SIZE: u64 = 5 << 30;
 
+/// Upper bound of `read.max_concurrent_gets`: more GETs of one file at once
+/// than this only add connections (each GET holds one) without filling a link
+/// any better.
+const MAX_CONCURRENT_GETS: usize = 256;
+
 impl Config {
     /// Parses TOML text. Unknown keys and wrong types are errors naming the key.
     pub fn from_toml(text: &str, path: &str) -> Result<Self, ConfigError> {
@@ -123,6 +128,15 @@ impl Config {
                 format!(
                     "{} is below read.initial_window ({})",
                     r.max_window, r.initial_window
+                ),
+            );
+        }
+        if !(1..=MAX_CONCURRENT_GETS).contains(&r.max_concurrent_gets) {
+            return bad(
+                "read.max_concurrent_gets",
+                format!(
+                    "{}; accepted: 1 to {MAX_CONCURRENT_GETS}",
+                    r.max_concurrent_gets
                 ),
             );
         }
@@ -282,6 +296,10 @@ mod tests {
         c.read.max_window = 1;
         let msg = c.validate().unwrap_err().to_string();
         assert!(msg.contains("read.max_window"), "{msg}");
+        let mut c = Config::default();
+        c.read.max_concurrent_gets = 0;
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(msg.contains("read.max_concurrent_gets"), "{msg}");
         let mut c = Config::default();
         c.mount.read_only = false;
         assert!(

@@ -283,7 +283,15 @@ impl<S: ObjectStore> Reader<S> {
         }
         let target = end.max(offset + st.window).min(self.size);
         let mut next = st.parts.back().map_or(offset, |p| p.end);
+        let max_gets = self.config.max_concurrent_gets.max(1);
+        let mut in_flight = st.parts.iter().filter(|p| !p.abort.is_finished()).count();
         while next < target {
+            if next >= end && in_flight >= max_gets {
+                // Read-ahead waits for a GET of this file to finish; a later
+                // read tops the window up.
+                break;
+            }
+            in_flight += 1;
             let len = part_size.min(st.window.max(end.saturating_sub(next)));
             let mut part_end = (next + len).min(self.size);
             let reservation = if let Some(r) = self.budget.try_reserve(part_end - next) {
@@ -411,6 +419,7 @@ mod tests {
         let etag = store.put("k", d.clone());
         let c = ReadConfig {
             max_window: 16_000,
+            max_concurrent_gets: 64,
             ..cfg()
         };
         let r = Reader::new(store.clone(), "k", &etag, d.len() as u64, c, budget());
@@ -424,6 +433,92 @@ mod tests {
         assert_eq!(st.window, 16_000, "window after 100 000 sequential bytes");
         let ahead = st.parts.back().unwrap().end - off;
         assert!(ahead >= 15_000, "only {ahead} bytes read ahead");
+    }
+
+    /// A store whose GETs wait while `closed` is set.
+    #[derive(Default)]
+    struct Gated {
+        inner: MemStore,
+        closed: std::sync::atomic::AtomicBool,
+    }
+
+    impl ObjectStore for Gated {
+        async fn list_page(
+            &self,
+            prefix: &str,
+            delimiter: Option<&str>,
+            continuation: Option<String>,
+            start_after: Option<&str>,
+            max_keys: i32,
+        ) -> Result<crate::store::ListPage, StoreError> {
+            self.inner
+                .list_page(prefix, delimiter, continuation, start_after, max_keys)
+                .await
+        }
+
+        async fn head(&self, key: &str) -> Result<crate::store::ObjectMeta, StoreError> {
+            self.inner.head(key).await
+        }
+
+        async fn get_range(
+            &self,
+            key: &str,
+            range: std::ops::Range<u64>,
+            etag: &str,
+        ) -> Result<Bytes, StoreError> {
+            while self.closed.load(Ordering::Relaxed) {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            self.inner.get_range(key, range, etag).await
+        }
+    }
+
+    /// Read-ahead keeps at most `max_concurrent_gets` GETs of one file in
+    /// flight, however wide the window.
+    #[tokio::test]
+    async fn read_ahead_gets_in_flight_are_capped() {
+        let store = Arc::new(Gated::default());
+        let d = data(200_000);
+        let etag = store.inner.put("k", d.clone());
+        let c = ReadConfig {
+            max_window: 16_000,
+            max_concurrent_gets: 3,
+            ..cfg()
+        };
+        let r = Reader::new(store.clone(), "k", &etag, d.len() as u64, c, budget());
+        let mut off = 0;
+        while off < 50_000 {
+            let b = r.read(off, 1000).await.unwrap();
+            assert_eq!(&b[..], &d[off as usize..off as usize + 1000]);
+            off += 1000;
+            let st = r.state.lock().unwrap();
+            let in_flight = st.parts.iter().filter(|p| !p.abort.is_finished()).count();
+            assert!(in_flight <= 3, "{in_flight} GETs in flight at {off}");
+        }
+        // Hold every GET back, and read on from what is done: read-ahead
+        // never has more than 3 GETs out (the window wants 16).
+        store.closed.store(true, Ordering::Relaxed);
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        let mut reads = 0;
+        loop {
+            let next = r.read(off, 1000);
+            let Ok(b) = tokio::time::timeout(std::time::Duration::from_millis(20), next).await
+            else {
+                break;
+            };
+            let b = b.unwrap();
+            assert_eq!(&b[..], &d[off as usize..off as usize + 1000]);
+            off += 1000;
+            reads += 1;
+            let st = r.state.lock().unwrap();
+            assert_eq!(st.window, 16_000);
+            let in_flight = st.parts.iter().filter(|p| !p.abort.is_finished()).count();
+            assert!(in_flight <= 3, "{in_flight} GETs in flight at {off}");
+        }
+        assert!(reads >= 1, "parts done before the gate closed were served");
+        store.closed.store(false, Ordering::Relaxed);
+        let b = r.read(off, 1000).await.unwrap();
+        assert_eq!(&b[..], &d[off as usize..off as usize + 1000]);
     }
 
     #[tokio::test]

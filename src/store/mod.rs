@@ -6,6 +6,7 @@
 //! (the mount prefix already applied).
 
 pub mod mem;
+pub mod pool;
 pub mod s3;
 
 use std::future::Future;

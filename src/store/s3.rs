@@ -19,6 +19,7 @@ use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use bytes::Bytes;
 use serde::Deserialize;
 
+use super::pool::BufferPool;
 use super::{ListPage, ObjectMeta, ObjectStore, StoreError};
 use crate::telemetry::metrics as m;
 
@@ -77,6 +78,8 @@ pub struct S3Store {
     /// Listings ask for `encoding-type=url` until the server refuses it once
     /// (some S3-compatible servers answer 400 or 501); then they list without.
     url_listing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Buffers of GET bodies, reused ([`super::pool`]).
+    pool: BufferPool,
 }
 
 impl S3Store {
@@ -153,7 +156,15 @@ impl S3Store {
             client: aws_sdk_s3::Client::from_conf(builder.build()),
             bucket: bucket.to_string(),
             url_listing: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            pool: BufferPool::none(),
         })
+    }
+
+    /// GET bodies go into buffers from `pool` (reused once dropped); without
+    /// this call each is a new allocation.
+    pub fn with_buffer_pool(mut self, pool: BufferPool) -> Self {
+        self.pool = pool;
+        self
     }
 
     /// The bucket name.
@@ -457,7 +468,7 @@ impl ObjectStore for S3Store {
         // bytes of the range from it.
         let skip = if ranged { 0 } else { range.start };
         let want = (range.end - range.start) as usize;
-        let body = match read_body(out.body, skip, want).await {
+        let body = match read_body(&self.pool, out.body, skip, want).await {
             Ok(b) => b,
             Err(e) => {
                 m::s3_request(m::OP_GET, "network", start.elapsed());
@@ -483,7 +494,7 @@ impl ObjectStore for S3Store {
     }
 }
 
-/// Reads a GET body into one buffer of exactly `want` bytes, dropping the
+/// Reads a GET body into one buffer of exactly `want` bytes (from `pool`), dropping the
 /// first `skip` bytes and stopping once `want` bytes are in. Returns fewer
 /// when the body ends early.
 ///
@@ -495,11 +506,12 @@ impl ObjectStore for S3Store {
 /// fragmented the heap (200 handles read at once: RSS ~500 MiB above the
 /// read-ahead budget, docs/OPERATIONS.md).
 async fn read_body(
+    pool: &BufferPool,
     mut body: aws_sdk_s3::primitives::ByteStream,
     mut skip: u64,
     want: usize,
 ) -> Result<Bytes, aws_smithy_types::byte_stream::error::Error> {
-    let mut buf = bytes::BytesMut::with_capacity(want);
+    let mut buf = pool.take(want);
     while buf.len() < want {
         let Some(chunk) = body.try_next().await? else {
             break;
@@ -513,7 +525,7 @@ async fn read_body(
         let n = c.len().min(want - buf.len());
         buf.extend_from_slice(&c[..n]);
     }
-    Ok(buf.freeze())
+    Ok(pool.freeze(buf))
 }
 
 #[cfg(test)]
