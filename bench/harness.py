@@ -36,14 +36,14 @@ MIB = 1048576
 MODES = {
     # The issue's data sets. Caps keep the default set under 30 minutes on 2 cores.
     "full": dict(
-        shards=4, shard_size=1 << 30,
+        shards=4, shard_size=1 << 30, loader_shards=16, loader_shard_size=256 << 20,
         tree_dirs=100, tree_per=1000, flat=100_000,
         jpeg_dirs=20, jpeg_per=1000,
         runs=3, seq_secs=6, rand_secs=4, loader_secs=6, meta_secs=10, hot_secs=5,
     ),
     # For trying the harness itself: small data, same workloads, N=3.
     "quick": dict(
-        shards=4, shard_size=128 << 20,
+        shards=4, shard_size=128 << 20, loader_shards=16, loader_shard_size=32 << 20,
         tree_dirs=10, tree_per=200, flat=2000,
         jpeg_dirs=4, jpeg_per=250,
         runs=3, seq_secs=3, rand_secs=2, loader_secs=3, meta_secs=5, hot_secs=2,
@@ -51,6 +51,12 @@ MODES = {
 }
 
 SHARD_KEYS = [f"shards/shard-{i:04}.tar" for i in range(4)]
+# loader-tar's data set: 16 smaller shards (loader_shards x loader_shard_size of
+# MODES, the same count in both modes) read by 8 worker processes, as a PyTorch
+# DataLoader with num_workers=8 gets a WebDataset's shards: round-robin, each
+# worker streams its shards one after another.
+LOADER_KEYS = [f"loader/shard-{i:04}.tar" for i in range(MODES["full"]["loader_shards"])]
+LOADER_WORKERS = 8
 
 # workload -> (suite, kind, unit)
 WORKLOADS = {
@@ -86,7 +92,7 @@ WORKLOAD_TEXT = {
     "seq-4j-1m": "fio: 4 readers, sequential, bs 1 MiB, 1 shard each",
     "rand-4k": "fio: 4 readers, random 4 KiB, 1 shard each",
     "rand-256k": "fio: 4 readers, random 256 KiB, 1 shard each",
-    "loader-tar": "Python: 4 worker processes, tarfile stream of 1 shard each",
+    "loader-tar": "Python: 8 worker processes, tarfile stream of 16 shards of loader/ (2 each, one after the other)",
     "loader-small": "Python: 8 worker processes open+read JPEG-sized files",
     "handles-200": "Python: 200 open files (threads) over the 4 shards at spread offsets, 1 MiB reads",
     "meta-tree": "Python: os.walk + os.stat, 100 dirs x 1000 files",
@@ -488,39 +494,69 @@ def s3_env(g):
 # ------------------------------------------------------------------ data sets
 
 
+def data_parts(m, data, rawget):
+    """The parts of the data set: (prefix, the MODES keys that shape it, its generator command)."""
+    return [
+        ("shards", ("shards", "shard_size"),
+         [rawget, "gen-shards", "--dir", f"{data}/shards", "--count", str(m["shards"]), "--size", str(m["shard_size"])]),
+        # Same generator and member layout as shards/; another seed, so that no
+        # loader shard repeats the bytes of the shards/ one of the same name
+        # (Garage stores equal blocks once: loader-tar would read blocks that
+        # the seq runs had just brought into its page cache).
+        ("loader", ("loader_shards", "loader_shard_size"),
+         [rawget, "gen-shards", "--dir", f"{data}/loader", "--count", str(m["loader_shards"]),
+          "--size", str(m["loader_shard_size"]), "--seed", "2"]),
+        ("tree", ("tree_dirs", "tree_per"),
+         [rawget, "gen-files", "--dir", f"{data}/tree", "--dirs", str(m["tree_dirs"]), "--per-dir", str(m["tree_per"]),
+          "--min", "4096", "--max", "12288", "--ext", "bin"]),
+        ("flat", ("flat",),
+         [rawget, "gen-files", "--dir", f"{data}/flat", "--dirs", "0", "--per-dir", str(m["flat"]),
+          "--min", "4096", "--max", "12288", "--ext", "bin"]),
+        ("jpeg", ("jpeg_dirs", "jpeg_per"),
+         [rawget, "gen-files", "--dir", f"{data}/jpeg", "--dirs", str(m["jpeg_dirs"]), "--per-dir", str(m["jpeg_per"]),
+          "--min", "40000", "--max", "200000", "--ext", "jpg"]),
+    ]
+
+
 def make_data(a, mode, g, bucket, rawget):
-    """Generates the local copy (deterministic) and uploads it once per Garage data dir."""
+    """Generates the local copy (deterministic) and uploads it once per Garage data dir.
+
+    Two markers, each the spec of what was completed: `.complete.json` in the
+    local copy and `uploaded-BUCKET.json` in the server's dir. Only the parts
+    whose spec keys differ from a marker's (or all, without a marker) are
+    generated or uploaded again: a data dir of an earlier harness gets just
+    the parts added since (loader/), not 4 GiB of shards rewritten."""
     m = MODES[mode]
-    spec = {k: m[k] for k in ("shards", "shard_size", "tree_dirs", "tree_per", "flat", "jpeg_dirs", "jpeg_per")}
+    data = os.path.join(a.bench_dir, "data", mode)
+    parts = data_parts(m, data, rawget)
+    spec = {k: m[k] for _, keys, _ in parts for k in keys}
     spec["format"] = 1
     spec["garage_block_size"] = "256K"  # re-upload when the server's block size changes
-    data = os.path.join(a.bench_dir, "data", mode)
+
+    def stale(have, common):
+        return [sub for sub, pk, _ in parts
+                if have is None or any(have.get(k) != spec[k] for k in (*pk, *common))]
+
     done = os.path.join(data, ".complete.json")
     gen_spec = {k: v for k, v in spec.items() if k != "garage_block_size"}
     have = json.load(open(done)) if os.path.exists(done) else None
-    if have != gen_spec:
-        log(f"generating the {mode} data set in {data}")
+    todo = stale(have, ("format",))
+    if todo:
+        log(f"generating the {mode} data set in {data}: {', '.join(todo)}")
         os.makedirs(data, exist_ok=True)
-        gen = [
-            [rawget, "gen-shards", "--dir", f"{data}/shards", "--count", str(m["shards"]), "--size", str(m["shard_size"])],
-            [rawget, "gen-files", "--dir", f"{data}/tree", "--dirs", str(m["tree_dirs"]), "--per-dir", str(m["tree_per"]),
-             "--min", "4096", "--max", "12288", "--ext", "bin"],
-            [rawget, "gen-files", "--dir", f"{data}/flat", "--dirs", "0", "--per-dir", str(m["flat"]),
-             "--min", "4096", "--max", "12288", "--ext", "bin"],
-            [rawget, "gen-files", "--dir", f"{data}/jpeg", "--dirs", str(m["jpeg_dirs"]), "--per-dir", str(m["jpeg_per"]),
-             "--min", "40000", "--max", "200000", "--ext", "jpg"],
-        ]
-        for cmd in gen:
-            log("  " + " ".join(cmd[1:3]) + ": " + json.dumps(last_json(run(cmd).stdout)))
+        for sub, _, cmd in parts:
+            if sub in todo:
+                log(f"  {sub}/ ({cmd[1]}): " + json.dumps(last_json(run(cmd).stdout)))
         with open(done, "w") as f:
             json.dump(gen_spec, f)
     g.bucket(bucket)
     up = os.path.join(g.dir, f"uploaded-{bucket}.json")
     have = json.load(open(up)) if os.path.exists(up) else None
-    if have != spec:
-        log(f"uploading the {mode} data set to s3://{bucket} (at every start of the in-memory server; "
-            "once per Garage data dir)")
-        for sub in ("shards", "tree", "flat", "jpeg"):
+    todo = stale(have, ("format", "garage_block_size"))
+    if todo:
+        log(f"uploading the {mode} data set to s3://{bucket}: {', '.join(todo)} (all of it at every start of the "
+            "in-memory server; once per Garage data dir)")
+        for sub in todo:
             r = run([rawget, "put", "--bucket", bucket, "--dir", f"{data}/{sub}", "--prefix", f"{sub}/",
                      "--concurrency", "32"], env=s3_env(g))
             log(f"  put {sub}/: " + json.dumps(last_json(r.stdout)))
@@ -716,7 +752,8 @@ def run_fio(workload, root, secs, tmpdir):
 def py_cmd(workload, root, m):
     w = [sys.executable, os.path.join(HERE, "workloads.py")]
     if workload == "loader-tar":
-        return w + ["loader-tar", "--root", root, "--shards", ",".join(SHARD_KEYS), "--secs", str(m["loader_secs"])]
+        return w + ["loader-tar", "--root", root, "--shards", ",".join(LOADER_KEYS), "--workers", str(LOADER_WORKERS),
+                    "--secs", str(m["loader_secs"])]
     if workload == "handles-200":
         return w + ["handles", "--root", root, "--shards", ",".join(SHARD_KEYS), "--handles", "200",
                     "--secs", str(m["loader_secs"])]
@@ -755,7 +792,8 @@ def rawget_cmd(workload, rawget, bucket, m):
                        "--max-secs", str(m["seq_secs"])]
     if workload.startswith("seq-4j") or workload in ("loader-tar", "handles-200"):
         secs = m["seq_secs"] if workload.startswith("seq") else m["loader_secs"]
-        return base + ["seq", "--bucket", bucket, "--keys", ",".join(SHARD_KEYS), "--concurrency",
+        keys = LOADER_KEYS if workload == "loader-tar" else SHARD_KEYS
+        return base + ["seq", "--bucket", bucket, "--keys", ",".join(keys), "--concurrency",
                        str(RAW_SEQ_CONCURRENCY), "--max-secs", str(secs)]
     if workload.startswith("rand-"):
         bs = {"rand-4k": 4096, "rand-256k": 262144}[workload]
@@ -795,7 +833,7 @@ def measure(system, workload, ctx):
         return res
     if system == "local-disk":
         # Cold: the data set's pages are dropped from the page cache first.
-        sub = [] if WORKLOADS[workload][0] == "meta" else {"loader-small": ["jpeg"]}.get(workload, ["shards"])
+        sub = [] if WORKLOADS[workload][0] == "meta" else {"loader-small": ["jpeg"], "loader-tar": ["loader"]}.get(workload, ["shards"])
         if sub:
             run([sys.executable, os.path.join(HERE, "workloads.py"), "evict", *[os.path.join(data, s) for s in sub]])
         res.update(run_fio(workload, data, secs_for(workload, m), tmp) if kind == "fio" else run_py(workload, data, m))
@@ -964,7 +1002,8 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
     L.append(f"- Load (1-min average, shared machine): {load_before:.2f} before, {load_after:.2f} after; "
              f"{min(lv):.2f} - {max(lv):.2f} at the start of the measurements" if lv else
              f"- Load: {load_before:.2f} before, {load_after:.2f} after")
-    L.append(f"- Data (bucket `{ctx['bucket']}`): {m['shards']} tar shards of {m['shard_size'] // MIB} MiB; "
+    L.append(f"- Data (bucket `{ctx['bucket']}`): shards/ {m['shards']} tar shards of {m['shard_size'] // MIB} MiB; "
+             f"loader/ {m['loader_shards']} tar shards of {m['loader_shard_size'] // MIB} MiB; "
              f"tree/ {m['tree_dirs']} x {m['tree_per']} objects of 4-12 KiB; flat/ {m['flat']:,} objects of 4-12 KiB; "
              f"jpeg/ {m['jpeg_dirs']} x {m['jpeg_per']} objects of 40-200 KB. Time caps: seq {m['seq_secs']} s, "
              f"rand {m['rand_secs']} s, loader {m['loader_secs']} s, meta {m['meta_secs']} s.")

@@ -4,9 +4,11 @@
 Each command reads through ROOT (a mount point, or the local copy of the data
 set) and prints one JSON line: bytes, files, entries, secs and rates.
 
-  loader-tar   --root R --shards K1,K2,.. --secs S
-      one worker process per shard walks it sample by sample with tarfile's
-      streaming reader (as WebDataset does) and reads every member.
+  loader-tar   --root R --shards K1,K2,.. --workers W --secs S
+      W worker processes (as a PyTorch DataLoader's num_workers), the shards
+      dealt to them round-robin; each worker streams its shards one after
+      another, sample by sample, with tarfile's streaming reader (as
+      WebDataset does) and reads every member.
   loader-small --root R --dirs D --per-dir M --workers W --secs S [--seed 1]
       W worker processes open and read whole JPEG-sized files jpeg/dNNN/fNNNN.jpg
       in a shuffled order (the names come from the data set's index, as a
@@ -42,21 +44,25 @@ import time
 MIB = 1048576
 
 
-def _tar_worker(path, deadline, start_evt, out):
+def _tar_worker(paths, deadline, start_evt, out):
     start_evt.wait()
     nbytes = files = 0
     complete = True
-    with open(path, "rb", buffering=1 << 20) as f:
-        with tarfile.open(fileobj=f, mode="r|") as tf:
-            for m in tf:
-                if time.monotonic() >= deadline:
-                    complete = False
-                    break
-                if not m.isfile():
-                    continue
-                data = tf.extractfile(m).read()
-                nbytes += len(data)
-                files += 1
+    for path in paths:
+        if not complete or time.monotonic() >= deadline:
+            complete = False
+            break
+        with open(path, "rb", buffering=1 << 20) as f:
+            with tarfile.open(fileobj=f, mode="r|") as tf:
+                for m in tf:
+                    if time.monotonic() >= deadline:
+                        complete = False
+                        break
+                    if not m.isfile():
+                        continue
+                    data = tf.extractfile(m).read()
+                    nbytes += len(data)
+                    files += 1
     out.put((nbytes, files, complete, time.monotonic()))
 
 
@@ -108,7 +114,8 @@ def _run_workers(target, arglists, secs):
 
 def loader_tar(a):
     shards = [os.path.join(a.root, k) for k in a.shards.split(",") if k]
-    return _run_workers(_tar_worker, [(p,) for p in shards], a.secs)
+    workers = min(a.workers, len(shards))
+    return _run_workers(_tar_worker, [(shards[w::workers],) for w in range(workers)], a.secs)
 
 
 def handles(a):
@@ -320,6 +327,7 @@ def main():
     t = sub.add_parser("loader-tar")
     t.add_argument("--root", required=True)
     t.add_argument("--shards", required=True)
+    t.add_argument("--workers", type=int, default=8)
     t.add_argument("--secs", type=float, default=8)
     hd = sub.add_parser("handles")
     hd.add_argument("--root", required=True)
