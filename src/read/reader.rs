@@ -702,6 +702,47 @@ mod tests {
             });
         }
 
+        /// A stream read in fixed-size reads that arrive out of order by up to
+        /// two reads (as kernel read-ahead dispatched on many threads does)
+        /// is never taken for a seek: the window never shrinks and reaches
+        /// `max_window`; every byte is right. A real seek afterwards resets it.
+        #[test]
+        fn reordered_stream_grows_and_never_resets(
+            perms in proptest::collection::vec(0usize..6, 67),
+            read_len in 500u64..2_000,
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let store = Arc::new(MemStore::default());
+                let d = data(400_000);
+                let etag = store.put("k", d.clone());
+                let c = ReadConfig { max_window: 32_000, max_concurrent_gets: 64, ..cfg() };
+                let r = Reader::new(store.clone(), "k", &etag, d.len() as u64, c, budget());
+                // Each run of 3 reads arrives in one of its 6 orders.
+                const ORDERS: [[usize; 3]; 6] =
+                    [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]];
+                let order: Vec<usize> = perms
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(b, &p)| ORDERS[p].map(|k| 3 * b + k))
+                    .filter(|&i| i < 200)
+                    .collect();
+                let mut last_window = 0;
+                for i in order {
+                    let off = i as u64 * read_len;
+                    let b = r.read(off, read_len as u32).await.unwrap();
+                    assert_eq!(&b[..], &d[off as usize..(off + read_len) as usize]);
+                    let w = r.state.lock().unwrap().window;
+                    assert!(w >= last_window, "window shrank from {last_window} to {w} at read {i}");
+                    last_window = w;
+                }
+                assert_eq!(last_window, 32_000);
+                // A jump far back is a seek: back to the initial window.
+                r.read(1_000, 100).await.unwrap();
+                assert_eq!(r.state.lock().unwrap().window, 100);
+            });
+        }
+
         /// Many readers on one budget, each reading forward (on, skipping
         /// ahead, or seeking anywhere): what they hold never exceeds the
         /// budget plus, per reader, the bytes of one read (the demand that is
