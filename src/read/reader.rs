@@ -11,8 +11,9 @@
 //! and the window shrinks instead.
 //!
 //! "Sequential" tolerates the reordering kernel read-ahead and multi-threaded
-//! FUSE dispatch produce: a read up to one window behind the first part held or
-//! beyond the last one continues the stream (the gap is fetched). Anything else
+//! FUSE dispatch produce: a read up to one window (and at least 4 reads of its
+//! size) behind the first part held or beyond the last one continues the
+//! stream (the gap is fetched). Anything else
 //! is a seek: parts nobody awaits are cancelled and the window starts small.
 //! Reads of one handle may run concurrently; the lock is never held across a GET.
 
@@ -36,7 +37,16 @@ use crate::telemetry::metrics as m;
 /// few 1 MiB reads in flight per file; reordering seen was up to 2 reads.
 const REORDER_READS: u64 = 4;
 
-type PartFuture = Shared<BoxFuture<'static, Result<Segments, StoreError>>>;
+type PartFuture = Shared<BoxFuture<'static, Result<Arc<Held>, StoreError>>>;
+
+/// The bytes of a finished GET with their budget reservation: the reservation
+/// goes back only when the last holder of the bytes (the part, or a read still
+/// slicing them) lets go, not when the part leaves the reader's list while a
+/// read is still waiting on it.
+struct Held {
+    segs: Segments,
+    _reservation: Reservation,
+}
 
 /// One ranged GET, in flight or done.
 struct Part {
@@ -46,7 +56,6 @@ struct Part {
     abort: tokio::task::AbortHandle,
     /// Bytes of this part returned to readers so far.
     delivered: u64,
-    _reservation: Reservation,
 }
 
 impl Drop for Part {
@@ -54,8 +63,8 @@ impl Drop for Part {
         if self.data.strong_count().unwrap_or(0) <= 1 {
             self.abort.abort();
         }
-        if let Some(Ok(bytes)) = self.data.peek() {
-            let unused = (bytes.len() as u64).saturating_sub(self.delivered);
+        if let Some(Ok(held)) = self.data.peek() {
+            let unused = (held.segs.len() as u64).saturating_sub(self.delivered);
             if unused > 0 {
                 metrics::counter!(m::PREFETCH_UNUSED_BYTES).increment(unused);
             }
@@ -143,7 +152,8 @@ impl<S: ObjectStore> Reader<S> {
         let waited = Instant::now();
         let mut chunks = Vec::with_capacity(wanted.len());
         for (start, data) in wanted {
-            let segs = data.await?;
+            let held = data.await?;
+            let segs = &held.segs;
             let from = offset.max(start) - start;
             let to = (end.min(start + segs.len() as u64) - start).max(from);
             chunks.push(segs.slice(from as usize, to as usize));
@@ -206,12 +216,13 @@ impl<S: ObjectStore> Reader<S> {
         let sequential = coverage.is_some_and(|(a, b)| {
             offset.saturating_add(tolerance) >= a && offset <= b.saturating_add(tolerance)
         });
+        let mut detached = None;
         if let (true, Some((a, _))) = (sequential, coverage) {
             // A late, reordered read in front of what is held: fetch the gap
-            // (at most one window), from the budget. Beyond the budget only
-            // bytes this read asks for may be fetched; if the gap holds more,
-            // what is held is let go and the plan below starts at `offset`
-            // (parts held keep contiguous, and demand stays one read's bytes).
+            // (at most the tolerance), from the budget. Beyond the budget only
+            // the bytes this read asks for are fetched, as a part of its own
+            // that is not kept (`detached`): what is held stays contiguous and
+            // is not thrown away.
             let mut gap_end = a;
             let mut gap = Vec::new();
             while offset < gap_end {
@@ -226,7 +237,9 @@ impl<S: ObjectStore> Reader<S> {
             }
             if offset < gap_end {
                 metrics::counter!(m::PREFETCH_BUDGET_REFUSALS).increment(1);
-                st.parts.clear();
+                let to = end.min(a);
+                detached =
+                    Some(self.spawn_get(offset, to, self.budget.reserve_demand(to - offset)));
             } else {
                 for part in gap {
                     st.parts.push_front(part);
@@ -286,10 +299,19 @@ impl<S: ObjectStore> Reader<S> {
         let max_gets = self.config.max_concurrent_gets.max(1);
         let mut in_flight = st.parts.iter().filter(|p| !p.abort.is_finished()).count();
         while next < target {
-            if next >= end && in_flight >= max_gets {
-                // Read-ahead waits for a GET of this file to finish; a later
-                // read tops the window up.
-                break;
+            if in_flight >= max_gets {
+                if next >= end {
+                    // Read-ahead waits for a GET of this file to finish; a
+                    // later read tops the window up.
+                    break;
+                }
+                if next < offset {
+                    // A forward skip would send GETs for bytes nobody asked
+                    // for past the cap: let what is held go, start at the read.
+                    st.parts.clear();
+                    next = offset;
+                    in_flight = 0;
+                }
             }
             in_flight += 1;
             let len = part_size.min(st.window.max(end.saturating_sub(next)));
@@ -319,13 +341,25 @@ impl<S: ObjectStore> Reader<S> {
             next = part_end;
         }
         metrics::gauge!(m::PREFETCH_MEMORY_BYTES).set(self.budget.in_use() as f64);
-        st.parts
-            .iter_mut()
-            .filter(|p| p.start < end && p.end > offset)
-            .map(|p| {
-                p.delivered += end.min(p.end) - offset.max(p.start);
-                (p.start, p.data.clone())
-            })
+        debug_assert!(
+            st.parts
+                .iter()
+                .zip(st.parts.iter().skip(1))
+                .all(|(p, q)| p.end == q.start),
+            "parts are contiguous"
+        );
+        detached
+            .iter()
+            .map(|p| (p.start, p.data.clone()))
+            .chain(
+                st.parts
+                    .iter_mut()
+                    .filter(|p| p.start < end && p.end > offset)
+                    .map(|p| {
+                        p.delivered += end.min(p.end) - offset.max(p.start);
+                        (p.start, p.data.clone())
+                    }),
+            )
             .collect()
     }
 
@@ -346,8 +380,13 @@ impl<S: ObjectStore> Reader<S> {
         });
         let abort = task.abort_handle();
         let data = async move {
-            task.await
-                .unwrap_or_else(|e| Err(StoreError::Other(format!("GET task ended: {e}"))))
+            let segs = task
+                .await
+                .unwrap_or_else(|e| Err(StoreError::Other(format!("GET task ended: {e}"))))?;
+            Ok(Arc::new(Held {
+                segs,
+                _reservation: reservation,
+            }))
         }
         .boxed()
         .shared();
@@ -357,7 +396,6 @@ impl<S: ObjectStore> Reader<S> {
             data,
             abort,
             delivered: 0,
-            _reservation: reservation,
         }
     }
 }
@@ -440,6 +478,8 @@ mod tests {
     struct Gated {
         inner: MemStore,
         closed: std::sync::atomic::AtomicBool,
+        /// GETs sent (counted before they wait).
+        started: std::sync::atomic::AtomicU64,
     }
 
     impl ObjectStore for Gated {
@@ -466,6 +506,7 @@ mod tests {
             range: std::ops::Range<u64>,
             etag: &str,
         ) -> Result<Bytes, StoreError> {
+            self.started.fetch_add(1, Ordering::Relaxed);
             while self.closed.load(Ordering::Relaxed) {
                 tokio::time::sleep(std::time::Duration::from_millis(1)).await;
             }
@@ -491,9 +532,6 @@ mod tests {
             let b = r.read(off, 1000).await.unwrap();
             assert_eq!(&b[..], &d[off as usize..off as usize + 1000]);
             off += 1000;
-            let st = r.state.lock().unwrap();
-            let in_flight = st.parts.iter().filter(|p| !p.abort.is_finished()).count();
-            assert!(in_flight <= 3, "{in_flight} GETs in flight at {off}");
         }
         // Hold every GET back, and read on from what is done: read-ahead
         // never has more than 3 GETs out (the window wants 16).
@@ -519,6 +557,44 @@ mod tests {
         store.closed.store(false, Ordering::Relaxed);
         let b = r.read(off, 1000).await.unwrap();
         assert_eq!(&b[..], &d[off as usize..off as usize + 1000]);
+    }
+
+    /// At the cap, a read still sends its own GET (the cap holds back
+    /// read-ahead, never a waiting read), and a forward skip sends no GET for
+    /// the bytes it skipped.
+    #[tokio::test]
+    async fn a_waiting_read_is_never_held_back_by_the_cap() {
+        let store = Arc::new(Gated::default());
+        let d = data(20_000);
+        let etag = store.inner.put("k", d.clone());
+        let c = ReadConfig {
+            max_concurrent_gets: 1,
+            initial_window: 1000,
+            ..cfg()
+        };
+        let r = Reader::new(store.clone(), "k", &etag, d.len() as u64, c, budget());
+        store.closed.store(true, Ordering::Relaxed);
+        let wait = std::time::Duration::from_millis(20);
+        assert!(tokio::time::timeout(wait, r.read(0, 500)).await.is_err());
+        assert_eq!(store.started.load(Ordering::Relaxed), 1);
+        // 100 bytes past what is held (the part [0, 1000), half read and
+        // still downloading): a skip within the reorder tolerance.
+        assert!(
+            tokio::time::timeout(wait, r.read(1100, 1000))
+                .await
+                .is_err()
+        );
+        assert_eq!(
+            store.started.load(Ordering::Relaxed),
+            2,
+            "the second read's GET"
+        );
+        assert_eq!(r.state.lock().unwrap().parts.front().unwrap().start, 1100);
+        store.closed.store(false, Ordering::Relaxed);
+        for off in [0usize, 1100] {
+            let b = r.read(off as u64, 1000).await.unwrap();
+            assert_eq!(&b[..], &d[off..off + 1000]);
+        }
     }
 
     #[tokio::test]

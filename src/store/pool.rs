@@ -4,7 +4,7 @@
 //! another at link speed and drops each soon after the reader consumed it. A
 //! fresh buffer per part costs a page fault and a zeroed page for every 4 KiB
 //! written into it, and the allocator's purge (`madvise`) when it is freed: on
-//! the 10 Gbit/s link profile that was about a quarter of the daemon's CPU time
+//! the 10 Gbit/s link profile that was about a third of the daemon's CPU time
 //! (`perf`, 2026-12-01, bench/RESULTS.md). Buffers of exactly the part size
 //! are therefore handed back here when the last [`Bytes`] referring to them is
 //! dropped, and the next GET of a whole part reuses one whose pages are
@@ -28,7 +28,7 @@ pub const MIN_POOLED: usize = 1 << 20;
 /// read-ahead window (`read.max_window`, 64 MiB).
 pub const MAX_IDLE: usize = 64 << 20;
 
-/// A pool of byte buffers keyed by capacity. Cheap to clone.
+/// A pool of byte buffers of one size. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct BufferPool {
     inner: Arc<Mutex<Idle>>,

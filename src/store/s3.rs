@@ -463,11 +463,36 @@ impl ObjectStore for S3Store {
                 return Err(err);
             }
         };
-        let ranged = out.content_range().is_some();
-        // A server that ignored Range sends the whole object: keep only the
-        // bytes of the range from it.
-        let skip = if ranged { 0 } else { range.start };
         let want = (range.end - range.start) as usize;
+        let length = out.content_length();
+        // 206 names the range it sends in Content-Range; a 206 without the
+        // header is taken as the range when its length is the range's. A
+        // server that ignored Range sends the whole object (200): only the
+        // bytes of the range are kept from it.
+        let ranged = match out.content_range() {
+            Some(cr) => match content_range_start(cr) {
+                Some(first) if first == range.start => true,
+                _ => {
+                    m::s3_request(m::OP_GET, "bad_range", start.elapsed());
+                    return Err(StoreError::Transient(format!(
+                        "GET {key} bytes {}-{}: the server sent Content-Range {cr:?}",
+                        range.start,
+                        range.end - 1
+                    )));
+                }
+            },
+            None => length == Some(want as i64),
+        };
+        if ranged && length.is_some_and(|l| l > want as i64) {
+            m::s3_request(m::OP_GET, "bad_range", start.elapsed());
+            return Err(StoreError::Transient(format!(
+                "GET {key} bytes {}-{}: the server sent {} bytes",
+                range.start,
+                range.end - 1,
+                length.unwrap_or_default()
+            )));
+        }
+        let skip = if ranged { 0 } else { range.start };
         let body = match read_body(&self.pool, out.body, skip, want).await {
             Ok(b) => b,
             Err(e) => {
@@ -492,6 +517,13 @@ impl ObjectStore for S3Store {
             )))
         }
     }
+}
+
+/// First byte of a `Content-Range: bytes FIRST-LAST/SIZE` value (RFC 9110,
+/// section 14.4), `None` when it is not of that form.
+fn content_range_start(value: &str) -> Option<u64> {
+    let spec = value.trim().strip_prefix("bytes")?.trim_start();
+    spec.split_once('-')?.0.trim().parse().ok()
 }
 
 /// Reads a GET body into one buffer of exactly `want` bytes (from `pool`), dropping the
@@ -530,7 +562,15 @@ async fn read_body(
 
 #[cfg(test)]
 mod tests {
-    use super::url_decode;
+    use super::{content_range_start, url_decode};
+
+    #[test]
+    fn content_range_first_byte() {
+        assert_eq!(content_range_start("bytes 100-199/1000"), Some(100));
+        assert_eq!(content_range_start("bytes 0-0/*"), Some(0));
+        assert_eq!(content_range_start("bytes */1000"), None);
+        assert_eq!(content_range_start("items 1-2/3"), None);
+    }
 
     #[test]
     fn url_decoding_of_listed_names() {
