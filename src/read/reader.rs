@@ -473,16 +473,18 @@ mod tests {
         assert!(ahead >= 15_000, "only {ahead} bytes read ahead");
     }
 
-    /// A store whose GETs wait while `closed` is set.
+    /// A store over [`MemStore`] whose GETs wait while `closed` is set, and
+    /// whose next `fail` GETs fail with a transient error.
     #[derive(Default)]
-    struct Gated {
+    struct Faulty {
         inner: MemStore,
         closed: std::sync::atomic::AtomicBool,
+        fail: std::sync::atomic::AtomicU32,
         /// GETs sent (counted before they wait).
         started: std::sync::atomic::AtomicU64,
     }
 
-    impl ObjectStore for Gated {
+    impl ObjectStore for Faulty {
         async fn list_page(
             &self,
             prefix: &str,
@@ -510,6 +512,11 @@ mod tests {
             while self.closed.load(Ordering::Relaxed) {
                 tokio::time::sleep(std::time::Duration::from_millis(1)).await;
             }
+            let left = self.fail.load(Ordering::Relaxed);
+            if left > 0 {
+                self.fail.store(left - 1, Ordering::Relaxed);
+                return Err(StoreError::Transient("injected".into()));
+            }
             self.inner.get_range(key, range, etag).await
         }
     }
@@ -518,7 +525,7 @@ mod tests {
     /// flight, however wide the window.
     #[tokio::test]
     async fn read_ahead_gets_in_flight_are_capped() {
-        let store = Arc::new(Gated::default());
+        let store = Arc::new(Faulty::default());
         let d = data(200_000);
         let etag = store.inner.put("k", d.clone());
         let c = ReadConfig {
@@ -564,7 +571,7 @@ mod tests {
     /// the bytes it skipped.
     #[tokio::test]
     async fn a_waiting_read_is_never_held_back_by_the_cap() {
-        let store = Arc::new(Gated::default());
+        let store = Arc::new(Faulty::default());
         let d = data(20_000);
         let etag = store.inner.put("k", d.clone());
         let c = ReadConfig {
@@ -691,49 +698,9 @@ mod tests {
         assert_eq!(budget.in_use(), 0, "reservations leaked");
     }
 
-    /// A store whose next `fail` GETs fail with a transient error.
-    #[derive(Default)]
-    struct Flaky {
-        inner: MemStore,
-        fail: std::sync::atomic::AtomicU32,
-    }
-
-    impl ObjectStore for Flaky {
-        async fn list_page(
-            &self,
-            prefix: &str,
-            delimiter: Option<&str>,
-            continuation: Option<String>,
-            start_after: Option<&str>,
-            max_keys: i32,
-        ) -> Result<crate::store::ListPage, StoreError> {
-            self.inner
-                .list_page(prefix, delimiter, continuation, start_after, max_keys)
-                .await
-        }
-
-        async fn head(&self, key: &str) -> Result<crate::store::ObjectMeta, StoreError> {
-            self.inner.head(key).await
-        }
-
-        async fn get_range(
-            &self,
-            key: &str,
-            range: std::ops::Range<u64>,
-            etag: &str,
-        ) -> Result<Bytes, StoreError> {
-            let left = self.fail.load(Ordering::Relaxed);
-            if left > 0 {
-                self.fail.store(left - 1, Ordering::Relaxed);
-                return Err(StoreError::Transient("injected".into()));
-            }
-            self.inner.get_range(key, range, etag).await
-        }
-    }
-
     #[tokio::test]
     async fn a_failed_get_is_not_remembered() {
-        let store = Arc::new(Flaky::default());
+        let store = Arc::new(Faulty::default());
         let d = data(10_000);
         let etag = store.inner.put("k", d.clone());
         let r = Reader::new(store.clone(), "k", &etag, 10_000, cfg(), budget());
