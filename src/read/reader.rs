@@ -223,6 +223,7 @@ impl<S: ObjectStore> Reader<S> {
             // the bytes this read asks for are fetched, as a part of its own
             // that is not kept (`detached`): what is held stays contiguous and
             // is not thrown away.
+            // Reservations first, GETs only once the whole gap fits.
             let mut gap_end = a;
             let mut gap = Vec::new();
             while offset < gap_end {
@@ -232,17 +233,18 @@ impl<S: ObjectStore> Reader<S> {
                     None if gap_end <= end => self.budget.reserve_demand(gap_end - start),
                     None => break,
                 };
-                gap.push(self.spawn_get(start, gap_end, reservation));
+                gap.push((start, gap_end, reservation));
                 gap_end = start;
             }
             if offset < gap_end {
                 metrics::counter!(m::PREFETCH_BUDGET_REFUSALS).increment(1);
+                drop(gap);
                 let to = end.min(a);
                 detached =
                     Some(self.spawn_get(offset, to, self.budget.reserve_demand(to - offset)));
             } else {
-                for part in gap {
-                    st.parts.push_front(part);
+                for (start, end, reservation) in gap {
+                    st.parts.push_front(self.spawn_get(start, end, reservation));
                 }
             }
             // Drop parts the reader is more than a part (at most a window)

@@ -31,17 +31,17 @@ pub const MAX_IDLE: usize = 64 << 20;
 /// A pool of byte buffers of one size. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct BufferPool {
-    inner: Arc<Mutex<Idle>>,
+    inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
-struct Idle {
-    /// Idle buffers; each has `len() == 0` and capacity `size`.
-    bufs: Vec<Vec<u8>>,
+struct Inner {
     /// The one buffer size kept, bytes (0: none).
     size: usize,
     /// Most idle buffers kept.
     max_bufs: usize,
+    /// Idle buffers; each has `len() == 0` and capacity `size`.
+    idle: Mutex<Vec<Vec<u8>>>,
 }
 
 impl BufferPool {
@@ -51,11 +51,11 @@ impl BufferPool {
     pub fn new(size: usize, max_idle: usize) -> Self {
         let size = if size >= MIN_POOLED { size } else { 0 };
         Self {
-            inner: Arc::new(Mutex::new(Idle {
-                bufs: Vec::new(),
+            inner: Arc::new(Inner {
                 size,
                 max_bufs: max_idle.checked_div(size).unwrap_or(0),
-            })),
+                idle: Mutex::new(Vec::new()),
+            }),
         }
     }
 
@@ -64,25 +64,27 @@ impl BufferPool {
         Self::new(0, 0)
     }
 
+    /// Whether buffers of `len` bytes are kept here.
+    fn pools(&self, len: usize) -> bool {
+        self.inner.max_bufs > 0 && len == self.inner.size
+    }
+
     /// An empty buffer with capacity for exactly `len` bytes: an idle one when
     /// `len` is the pooled size and one is idle (its pages already mapped),
     /// else a new allocation.
     pub fn take(&self, len: usize) -> Vec<u8> {
-        let mut idle = self.inner.lock().unwrap();
-        if len == idle.size
-            && let Some(buf) = idle.bufs.pop()
+        if self.pools(len)
+            && let Some(buf) = self.inner.idle.lock().unwrap().pop()
         {
             return buf;
         }
-        drop(idle);
         Vec::with_capacity(len)
     }
 
     /// `buf` as [`Bytes`]; a buffer of the pooled size comes back to this
     /// pool when the last clone or slice of it is dropped.
     pub fn freeze(&self, buf: Vec<u8>) -> Bytes {
-        let size = self.inner.lock().unwrap().size;
-        if size == 0 || buf.capacity() != size {
+        if !self.pools(buf.capacity()) {
             return Bytes::from(buf);
         }
         Bytes::from_owner(Pooled {
@@ -94,16 +96,15 @@ impl BufferPool {
     /// Keeps `buf` for reuse unless the pool is full (then it is freed).
     fn give_back(&self, mut buf: Vec<u8>) {
         buf.clear();
-        let mut idle = self.inner.lock().unwrap();
-        if idle.bufs.len() < idle.max_bufs {
-            idle.bufs.push(buf);
+        let mut idle = self.inner.idle.lock().unwrap();
+        if idle.len() < self.inner.max_bufs {
+            idle.push(buf);
         }
     }
 
     /// Bytes of idle buffers held now.
     pub fn idle_bytes(&self) -> usize {
-        let idle = self.inner.lock().unwrap();
-        idle.bufs.len() * idle.size
+        self.inner.idle.lock().unwrap().len() * self.inner.size
     }
 }
 

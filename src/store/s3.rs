@@ -469,28 +469,23 @@ impl ObjectStore for S3Store {
         // header is taken as the range when its length is the range's. A
         // server that ignored Range sends the whole object (200): only the
         // bytes of the range are kept from it.
+        let bad_range = |what: String| {
+            m::s3_request(m::OP_GET, "bad_range", start.elapsed());
+            Err(StoreError::Transient(format!(
+                "GET {key} bytes {}-{}: the server sent {what}",
+                range.start,
+                range.end - 1
+            )))
+        };
         let ranged = match out.content_range() {
             Some(cr) => match content_range_start(cr) {
                 Some(first) if first == range.start => true,
-                _ => {
-                    m::s3_request(m::OP_GET, "bad_range", start.elapsed());
-                    return Err(StoreError::Transient(format!(
-                        "GET {key} bytes {}-{}: the server sent Content-Range {cr:?}",
-                        range.start,
-                        range.end - 1
-                    )));
-                }
+                _ => return bad_range(format!("Content-Range {cr:?}")),
             },
             None => length == Some(want as i64),
         };
-        if ranged && length.is_some_and(|l| l > want as i64) {
-            m::s3_request(m::OP_GET, "bad_range", start.elapsed());
-            return Err(StoreError::Transient(format!(
-                "GET {key} bytes {}-{}: the server sent {} bytes",
-                range.start,
-                range.end - 1,
-                length.unwrap_or_default()
-            )));
+        if let Some(l) = length.filter(|&l| ranged && l > want as i64) {
+            return bad_range(format!("{l} bytes"));
         }
         let skip = if ranged { 0 } else { range.start };
         let body = match read_body(&self.pool, out.body, skip, want).await {
@@ -526,9 +521,9 @@ fn content_range_start(value: &str) -> Option<u64> {
     spec.split_once('-')?.0.trim().parse().ok()
 }
 
-/// Reads a GET body into one buffer of exactly `want` bytes (from `pool`), dropping the
-/// first `skip` bytes and stopping once `want` bytes are in. Returns fewer
-/// when the body ends early.
+/// Reads a GET body into one buffer of exactly `want` bytes (from `pool`),
+/// dropping the first `skip` bytes and stopping once `want` bytes are in.
+/// Returns fewer when the body ends early.
 ///
 /// Each chunk the HTTP client hands over is copied and dropped at once, so a
 /// part costs its own size in memory while it downloads. Collecting the chunks
