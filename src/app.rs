@@ -166,7 +166,12 @@ impl Mounted {
             });
         }
         let passthrough = config.cache.dir.is_some() && config.cache.passthrough;
-        let adapter = FuseFs::new(fs, rt.handle().clone(), passthrough);
+        let adapter = FuseFs::new(
+            fs,
+            rt.handle().clone(),
+            passthrough,
+            config.read.direct_io_min_size,
+        );
         let mut session = fuser::Session::new(adapter, mountpoint, &fuse_config(source, config))
             .with_context(|| format!("mounting at {}", mountpoint.display()))?;
         let unmounter = session.unmount_callable();

@@ -22,14 +22,34 @@ fn vm_hwm_bytes(pid: u32) -> u64 {
 
 #[test]
 fn seek_patterns_read_every_byte_right() {
-    let b = bucket("seeks");
+    read_with_seek_patterns("seeks", 0);
+}
+
+/// The same patterns with FOPEN_DIRECT_IO: every read(2) reaches lakemount
+/// as it was made, with no kernel read-ahead or page cache in between.
+#[test]
+fn seek_patterns_read_every_byte_right_with_direct_io() {
+    read_with_seek_patterns("seeksdirect", 1);
+}
+
+/// Reads a 24 MiB object with the access patterns of loaders and checks every
+/// byte, under `read.direct_io_min_size` = `direct_min` (0: page cache).
+fn read_with_seek_patterns(tag: &str, direct_min: u64) {
+    let b = bucket(tag);
     let size = 24 << 20;
     let d = data(size, 77);
     server().put(&b, "shard.tar", d.clone());
+    let addr = format!("127.0.0.1:{}", free_port());
     let m = MountSpec::new(&b)
-        .config("[read]\npart_size = 1048576\ninitial_window = 65536\nmax_window = 8388608\n")
+        .config(&format!(
+            "[read]\npart_size = 1048576\ninitial_window = 65536\nmax_window = 8388608\n\
+             direct_io_min_size = {direct_min}\n"
+        ))
+        .args(&["--metrics-addr", &addr])
         .mount();
     let f = File::open(m.p("shard.tar")).unwrap();
+    let direct_opens = metric(&scrape(&addr), "lakemount_fuse_direct_io_opens_total");
+    assert_eq!(direct_opens, if direct_min > 0 { 1.0 } else { 0.0 });
     let check = |off: usize, len: usize| {
         let mut buf = vec![0u8; len];
         let n = f.read_at(&mut buf, off as u64).unwrap();
@@ -180,4 +200,96 @@ fn two_hundred_open_files_stay_within_the_memory_budget() {
         (peak - base) >> 20,
         bound >> 20
     );
+}
+
+/// Files of at least `read.direct_io_min_size` bytes bypass the page cache:
+/// a 4 KiB read(2) is one 4 KiB FUSE read, every time, and `st_blksize` is
+/// 1 MiB; a smaller file is read through the page cache (the kernel reads
+/// ahead of the first 4 KiB and answers the repeat itself).
+#[test]
+fn large_files_bypass_the_page_cache_small_files_keep_it() {
+    use std::os::unix::fs::MetadataExt;
+    let b = bucket("directio");
+    let (big, small) = (data(8 << 20, 81), data(1 << 20, 82));
+    server().put(&b, "big.tar", big.clone());
+    server().put(&b, "small.jpg", small.clone());
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .config("[read]\ndirect_io_min_size = 4194304\n")
+        .args(&["--metrics-addr", &addr])
+        .mount();
+    assert_eq!(
+        std::fs::metadata(m.p("big.tar")).unwrap().blksize(),
+        1 << 20
+    );
+    assert_eq!(std::fs::metadata(m.p("small.jpg")).unwrap().blksize(), 4096);
+    let fuse_bytes = || metric(&scrape(&addr), "lakemount_fuse_read_bytes_total") as u64;
+    let mut buf = vec![0u8; 4096];
+
+    let f = File::open(m.p("big.tar")).unwrap();
+    for round in 0..2 {
+        let before = fuse_bytes();
+        assert_eq!(f.read_at(&mut buf, 0).unwrap(), 4096);
+        assert!(buf[..] == big[..4096]);
+        assert_eq!(fuse_bytes() - before, 4096, "direct read {round}");
+    }
+    let opens = metric(&scrape(&addr), "lakemount_fuse_direct_io_opens_total");
+    assert_eq!(opens, 1.0);
+
+    let f = File::open(m.p("small.jpg")).unwrap();
+    let before = fuse_bytes();
+    assert_eq!(f.read_at(&mut buf, 0).unwrap(), 4096);
+    assert!(buf[..] == small[..4096]);
+    assert!(
+        fuse_bytes() - before > 4096,
+        "no read-ahead through the page cache"
+    );
+    let opens = metric(&scrape(&addr), "lakemount_fuse_direct_io_opens_total");
+    assert_eq!(opens, 1.0, "a small file was opened with direct I/O");
+}
+
+/// A shared read-only mmap of a direct-I/O file (how safetensors and numpy
+/// load shards) sees every byte (FUSE_DIRECT_IO_ALLOW_MMAP; without it the
+/// kernel refuses MAP_SHARED with ENODEV).
+#[test]
+fn mmap_of_a_direct_io_file_reads_every_byte() {
+    use std::os::fd::AsRawFd;
+    let b = bucket("directmmap");
+    let size = 6 << 20;
+    let d = data(size, 83);
+    server().put(&b, "model.safetensors", d.clone());
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .config("[read]\ndirect_io_min_size = 1048576\n")
+        .args(&["--metrics-addr", &addr])
+        .mount();
+    let f = File::open(m.p("model.safetensors")).unwrap();
+    assert_eq!(
+        metric(&scrape(&addr), "lakemount_fuse_direct_io_opens_total"),
+        1.0
+    );
+    // SAFETY: a fresh read-only shared mapping of `size` bytes of an open
+    // file, unmapped below; the slice does not outlive it.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(
+            p,
+            libc::MAP_FAILED,
+            "mmap: {}",
+            std::io::Error::last_os_error()
+        );
+        let mapped = std::slice::from_raw_parts(p as *const u8, size);
+        assert!(mapped == &d[..], "mapped bytes differ");
+        assert_eq!(libc::munmap(p, size), 0);
+    }
+    let mut buf = vec![0u8; 1 << 20];
+    let n = f.read_at(&mut buf, (size - (1 << 20)) as u64).unwrap();
+    assert!(buf[..n] == d[size - (1 << 20)..], "read after munmap");
 }

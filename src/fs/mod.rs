@@ -96,6 +96,8 @@ pub struct Opened {
     pub fh: u64,
     /// The kernel page cache already holds this ETag's data: keep it (FOPEN_KEEP_CACHE).
     pub keep_cache: bool,
+    /// Size of the object version opened, bytes.
+    pub size: u64,
     /// When asked for and the data cache holds the whole object, unchanged
     /// since it was checked: its local file, for FUSE passthrough. The object
     /// stays pinned in the cache while this value lives.
@@ -366,6 +368,7 @@ impl<S: ObjectStore> Fs<S> {
         Ok(Opened {
             fh,
             keep_cache,
+            size: attr.size,
             backing,
         })
     }

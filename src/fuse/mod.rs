@@ -43,10 +43,20 @@ const STATFS_BLOCKS: u64 = (1 << 50) / STATFS_BSIZE as u64;
 /// `statfs` inode count shown, likewise arbitrary and non-zero.
 const STATFS_FILES: u64 = 1 << 32;
 
+/// `st_blksize` of files read with FOPEN_DIRECT_IO, bytes: the largest FUSE
+/// read request (`max_pages` 256 x 4 KiB pages, `fuse_max_pages_limit`), so
+/// buffered readers that size their buffer from it send whole requests.
+const DIRECT_IO_BLKSIZE: u32 = 1 << 20;
+/// `st_blksize` of every other file, bytes (one page).
+const PAGE_BLKSIZE: u32 = 4096;
+
 /// How one open file reads, as told to the kernel in the open reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum IoMode {
-    /// Reads come to lakemount through the page cache (the normal case).
+    /// Reads come to lakemount, through the page cache or (FOPEN_DIRECT_IO)
+    /// past it. A direct-I/O open counts here too: its first mmap puts the
+    /// inode in the kernel's cached I/O mode (`fuse_file_mmap`,
+    /// fs/fuse/file.c), which a passthrough open would conflict with.
     Cached,
     /// FUSE passthrough: the kernel reads the cache's local file itself.
     Passthrough,
@@ -95,22 +105,34 @@ pub struct FuseFs<S> {
     /// Passthrough was negotiated at init and backing files can be opened.
     passthrough: Arc<AtomicBool>,
     io: Arc<Mutex<IoModes>>,
+    /// Files of at least this many bytes are opened with FOPEN_DIRECT_IO
+    /// (`read.direct_io_min_size`); 0 when off, or when the kernel cannot
+    /// mmap such files (no FUSE_DIRECT_IO_ALLOW_MMAP).
+    direct_io_min_size: u64,
 }
 
 impl<S: ObjectStore> FuseFs<S> {
     /// Serves `fs`, running every request on `rt`. With `passthrough`, fully
     /// cached files are served by FUSE passthrough when the kernel allows it.
-    pub fn new(fs: Arc<Fs<S>>, rt: tokio::runtime::Handle, passthrough: bool) -> Self {
+    /// Files of at least `direct_io_min_size` bytes (0: none) bypass the page
+    /// cache when the kernel allows it ([`crate::read::ReadConfig::direct_io_min_size`]).
+    pub fn new(
+        fs: Arc<Fs<S>>,
+        rt: tokio::runtime::Handle,
+        passthrough: bool,
+        direct_io_min_size: u64,
+    ) -> Self {
         Self {
             fs,
             rt,
             want_passthrough: passthrough,
             passthrough: Arc::new(AtomicBool::new(false)),
             io: Arc::new(Mutex::new(IoModes::default())),
+            direct_io_min_size,
         }
     }
 
-    fn attr(stat: &Stat) -> FileAttr {
+    fn attr(stat: &Stat, direct_io_min_size: u64) -> FileAttr {
         FileAttr {
             ino: INodeNo(stat.ino),
             size: stat.size,
@@ -128,7 +150,11 @@ impl<S: ObjectStore> FuseFs<S> {
             uid: stat.uid,
             gid: stat.gid,
             rdev: 0,
-            blksize: 4096,
+            blksize: if stat.kind == EntryKind::File && direct_io(direct_io_min_size, stat.size) {
+                DIRECT_IO_BLKSIZE
+            } else {
+                PAGE_BLKSIZE
+            },
             flags: 0,
         }
     }
@@ -158,13 +184,22 @@ fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
     }
 }
 
+/// Whether a file of `size` bytes is read with FOPEN_DIRECT_IO under
+/// `read.direct_io_min_size` = `min` (0: never).
+fn direct_io(min: u64, size: u64) -> bool {
+    min > 0 && size >= min
+}
+
 /// Answers an open with the I/O mode [`IoModes`] allows, and records it.
+/// A page-cache open of a file of at least `direct_io_min_size` bytes is sent
+/// with FOPEN_DIRECT_IO.
 fn open_reply(
     reply: ReplyOpen,
     ino: u64,
     o: crate::fs::Opened,
     io: &Mutex<IoModes>,
     passthrough: &AtomicBool,
+    direct_io_min_size: u64,
 ) {
     let fh = FileHandle(o.fh);
     let mut st = io.lock().unwrap();
@@ -205,8 +240,19 @@ fn open_reply(
             debug!(ino, "open: FUSE passthrough to the cached file");
             reply.opened_passthrough(fh, FopenFlags::empty(), &id)
         }
-        _ if o.keep_cache => reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE),
-        _ => reply.opened(fh, FopenFlags::empty()),
+        _ => {
+            let mut flags = FopenFlags::empty();
+            if direct_io(direct_io_min_size, o.size) {
+                metrics::counter!(m::FUSE_DIRECT_IO_OPENS).increment(1);
+                flags |= FopenFlags::FOPEN_DIRECT_IO;
+            }
+            // With direct I/O too: pages an mmap of this version put in the
+            // page cache stay valid while the ETag is unchanged.
+            if o.keep_cache {
+                flags |= FopenFlags::FOPEN_KEEP_CACHE;
+            }
+            reply.opened(fh, flags)
+        }
     }
 }
 
@@ -237,10 +283,26 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_PARALLEL_DIROPS,
+            // One large read(2) of an FOPEN_DIRECT_IO file is sent as
+            // several concurrent requests instead of one after another.
+            InitFlags::FUSE_ASYNC_DIO,
         ] {
             if let Err(missing) = config.add_capabilities(cap) {
                 debug!(?missing, "kernel lacks FUSE capability");
             }
+        }
+        if self.direct_io_min_size > 0
+            && config
+                .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+                .is_err()
+        {
+            // MAP_SHARED of an FOPEN_DIRECT_IO file fails with ENODEV
+            // without it (fuse_file_mmap), and loaders mmap shards.
+            self.direct_io_min_size = 0;
+            info!(
+                "kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP (Linux 6.6+): every file is read \
+                 through the page cache (read.direct_io_min_size ignored)"
+            );
         }
         if self.want_passthrough {
             // Backing files on a plain local file system: stack depth 1
@@ -262,13 +324,16 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let fs = self.fs.clone();
         let name = name.to_owned();
+        let direct = self.direct_io_min_size;
         self.rt.spawn(async move {
             match fs.lookup(parent.0, &name).await {
-                Ok(stat) => reply.entry(&fs.kernel_ttl(), &Self::attr(&stat), Generation(0)),
+                Ok(stat) => {
+                    reply.entry(&fs.kernel_ttl(), &Self::attr(&stat, direct), Generation(0))
+                }
                 Err(FsError::NotFound) if !fs.negative_ttl().is_zero() => {
                     // Node id 0 is a negative entry: the kernel answers ENOENT
                     // itself for the TTL (fuse_lookup_name in fs/fuse/dir.c).
-                    let mut attr = Self::attr(&fs.root_stat());
+                    let mut attr = Self::attr(&fs.root_stat(), direct);
                     attr.ino = INodeNo(0);
                     reply.entry(&fs.negative_ttl(), &attr, Generation(0))
                 }
@@ -283,9 +348,10 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let fs = self.fs.clone();
+        let direct = self.direct_io_min_size;
         self.rt.spawn(async move {
             match fs.getattr(ino.0).await {
-                Ok(stat) => reply.attr(&fs.kernel_ttl(), &Self::attr(&stat)),
+                Ok(stat) => reply.attr(&fs.kernel_ttl(), &Self::attr(&stat, direct)),
                 Err(e) => reply.error(errno("getattr", &e)),
             }
         });
@@ -297,10 +363,11 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         let fs = self.fs.clone();
         let passthrough = self.passthrough.clone();
         let io = self.io.clone();
+        let direct = self.direct_io_min_size;
         self.rt.spawn(async move {
             let want = passthrough.load(Ordering::Relaxed);
             match fs.open(ino.0, write, want).await {
-                Ok(o) => open_reply(reply, ino.0, o, &io, &passthrough),
+                Ok(o) => open_reply(reply, ino.0, o, &io, &passthrough, direct),
                 Err(e) => reply.error(errno("open", &e)),
             }
         });
@@ -396,7 +463,7 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         {
             Ok(entries) => {
                 for e in entries {
-                    let kind = Self::attr(&e.stat).kind;
+                    let kind = Self::attr(&e.stat, 0).kind;
                     if reply.add(INodeNo(e.stat.ino), e.offset, kind, &e.name) {
                         break;
                     }
@@ -430,7 +497,7 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
                             e.offset,
                             &e.name,
                             &ttl,
-                            &Self::attr(&e.stat),
+                            &Self::attr(&e.stat, self.direct_io_min_size),
                             Generation(0),
                         );
                     }

@@ -43,6 +43,19 @@ pub struct ReadConfig {
     /// 128 KiB read; 1 MiB lets the kernel send 1 MiB reads (the FUSE request
     /// limit is 256 pages, `fuse_max_pages_limit`). 0: leave the kernel's value.
     pub kernel_read_ahead: u64,
+    /// Files of at least this many bytes bypass the kernel page cache
+    /// (FOPEN_DIRECT_IO): each read(2) comes to lakemount and is answered
+    /// straight into the reader's buffer from read-ahead, one copy fewer than
+    /// through the page cache, which a shard read once per epoch would only
+    /// pass through (and push other pages out of). Such files report
+    /// `st_blksize` 1 MiB so buffered readers (stdio, Python's `open`) send
+    /// large reads; small reads are where the page cache is better (the kernel
+    /// turns them into 1 MiB requests), hence the size floor. mmap still works
+    /// (FUSE_DIRECT_IO_ALLOW_MMAP, Linux 6.6+; on older kernels every file
+    /// uses the page cache). 64 MiB: shards (100 MB-10 GB) go direct, samples
+    /// and small files stay cached. 0: every file uses the page cache.
+    /// Measured in bench/RESULTS.md; docs/READAHEAD.md.
+    pub direct_io_min_size: u64,
 }
 
 impl Default for ReadConfig {
@@ -54,6 +67,7 @@ impl Default for ReadConfig {
             max_concurrent_gets: 8,
             memory_budget: None,
             kernel_read_ahead: 1 << 20,
+            direct_io_min_size: 64 << 20,
         }
     }
 }

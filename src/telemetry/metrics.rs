@@ -18,6 +18,9 @@ pub const S3_REQUEST_SECONDS: &str = "lakemount_s3_request_duration_seconds";
 pub const S3_GET_BYTES: &str = "lakemount_s3_get_bytes_total";
 /// Counter: bytes returned to FUSE read requests.
 pub const FUSE_READ_BYTES: &str = "lakemount_fuse_read_bytes_total";
+/// Counter: opens answered with FOPEN_DIRECT_IO (files of at least
+/// `read.direct_io_min_size` bytes): their reads bypass the page cache.
+pub const FUSE_DIRECT_IO_OPENS: &str = "lakemount_fuse_direct_io_opens_total";
 /// Counter: FUSE requests answered with an error, label `errno`.
 pub const FUSE_ERRORS: &str = "lakemount_fuse_errors_total";
 /// Counter: keys not shown because their name cannot be a POSIX path
