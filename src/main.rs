@@ -85,3 +85,24 @@ fn env_source_note(e: &clap::Error) -> Option<String> {
 /// 1,810 vs 1,674 MiB; docs/OPERATIONS.md, "Memory").
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc options, read at its start (`malloc_conf`, jemalloc(3), under the
+/// `_rjem_` prefix tikv-jemallocator builds it with; the `_RJEM_MALLOC_CONF`
+/// environment variable still overrides them). `dirty_decay_ms:100`: freed
+/// pages go back to the kernel after ~0.1 s instead of ~10 s. With 200 open
+/// files read at once (1,504 MiB budget, 2026-12-01) the 10 s default kept
+/// ~320 MiB of freed read-ahead buffers resident (peak RSS 1,825 against
+/// 1,507 MiB reserved); 100 ms: 1,578-1,605 MiB at the same throughput
+/// (930-950 against 970-980 MiB/s); 0 ms: 1,350-1,441 MiB but 630-680 MiB/s
+/// (every buffer faulted in anew). `muzzy_decay_ms:0`: purge at once.
+#[used]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: MallocConf = MallocConf(c"dirty_decay_ms:100,muzzy_decay_ms:0".as_ptr());
+
+/// A C string pointer that may sit in a `static` (jemalloc reads it, never
+/// writes it).
+#[repr(transparent)]
+struct MallocConf(*const std::ffi::c_char);
+
+// SAFETY: the pointer is to a 'static, immutable C string literal.
+unsafe impl Sync for MallocConf {}

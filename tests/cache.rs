@@ -580,3 +580,93 @@ fn an_overwrite_while_a_passthrough_handle_is_open_is_read_new_by_new_opens() {
     // With the old handle closed, the new version reads as usual.
     assert!(read(&m, "x.bin") == new);
 }
+
+/// The bytes of a shared read-only mmap of all of `f` (`len` bytes).
+fn mmap_read(f: &std::fs::File, len: usize) -> Vec<u8> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh read-only shared mapping of `len` bytes of an open
+    // file, copied out and unmapped before returning.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(
+            p,
+            libc::MAP_FAILED,
+            "mmap: {}",
+            std::io::Error::last_os_error()
+        );
+        let copy = std::slice::from_raw_parts(p as *const u8, len).to_vec();
+        assert_eq!(libc::munmap(p, len), 0);
+        copy
+    }
+}
+
+/// Direct-I/O opens and passthrough opens of one file never meet in the
+/// kernel (which fails a conflicting open or mmap with EIO): while a
+/// direct-I/O handle is open, a new open reads through lakemount even once
+/// the file is fully cached; once it is closed, opens go passthrough and share
+/// one backing file; both kinds mmap.
+#[test]
+fn direct_io_and_passthrough_opens_of_one_file_never_conflict() {
+    use std::io::Read;
+    let srv = private_server();
+    let b = bucket_on(&srv, "pt-direct");
+    let d = data(3 * (1 << 20) + 999, 71);
+    srv.put(&b, "shard.tar", d.clone());
+    let dir = TempDir::new("cache-pt-direct");
+    let cache = dir.0.join("c");
+    let toml = format!(
+        "[read]\ndirect_io_min_size = 1048576\n{}",
+        cache_toml(&cache, "memory_size = 0\n")
+    );
+    let (m, addr) = mount_with_metrics(&srv, &b, &toml);
+    if m.log().contains("lacks FUSE_DIRECT_IO_ALLOW_MMAP") {
+        eprintln!("skipped: the kernel has no FUSE_DIRECT_IO_ALLOW_MMAP (Linux 6.6+)");
+        return;
+    }
+    let (direct, pt) = (
+        "lakemount_fuse_direct_io_opens_total",
+        "lakemount_cache_passthrough_opens_total",
+    );
+    let mut h1 = std::fs::File::open(m.p("shard.tar")).unwrap();
+    let mut got = Vec::new();
+    h1.read_to_end(&mut got).unwrap();
+    assert!(got == d, "direct read differs");
+    wait_sealed(&cache, 1);
+    let mut h2 = std::fs::File::open(m.p("shard.tar")).unwrap();
+    let body = scrape(&addr);
+    assert_eq!(
+        (metric(&body, direct), metric(&body, pt)),
+        (2.0, 0.0),
+        "{body}"
+    );
+    got.clear();
+    h2.read_to_end(&mut got).unwrap();
+    assert!(got == d, "second direct read differs");
+    assert!(
+        mmap_read(&h1, d.len()) == d,
+        "mmap of a direct-I/O handle differs"
+    );
+    drop((h1, h2));
+    let h3 = std::fs::File::open(m.p("shard.tar")).unwrap();
+    let mut h4 = std::fs::File::open(m.p("shard.tar")).unwrap();
+    let body = scrape(&addr);
+    assert_eq!(
+        (metric(&body, direct), metric(&body, pt)),
+        (2.0, 2.0),
+        "{body}"
+    );
+    got.clear();
+    h4.read_to_end(&mut got).unwrap();
+    assert!(got == d, "passthrough read differs");
+    assert!(
+        mmap_read(&h3, d.len()) == d,
+        "mmap of a passthrough handle differs"
+    );
+}

@@ -376,6 +376,18 @@ impl<S: ObjectStore> Fs<S> {
     /// Reads up to `size` bytes at `offset`; empty at or past end of file.
     /// Errors: EBADF, ESTALE when the object changed or vanished since open, EIO.
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
+        read_result(self.begin_read(fh, offset, size)?.finish().await)
+    }
+
+    /// Starts a read ([`Reader::begin_read`]): sends the GETs it needs; the
+    /// bytes may be ready at once ([`ready_bytes`]). Needs a tokio runtime
+    /// context. Errors: EBADF.
+    pub fn begin_read(
+        &self,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    ) -> Result<crate::read::reader::PendingRead, FsError> {
         let reader = self
             .files
             .lock()
@@ -383,11 +395,7 @@ impl<S: ObjectStore> Fs<S> {
             .get(&fh)
             .cloned()
             .ok_or(FsError::BadHandle)?;
-        match reader.read(offset, size).await {
-            Ok(b) => Ok(b),
-            Err(crate::store::StoreError::NotFound) => Err(FsError::Stale),
-            Err(e) => Err(e.into()),
-        }
+        Ok(reader.begin_read(offset, size))
     }
 
     /// Closes a file handle.
@@ -536,4 +544,19 @@ fn unknown_ino(prefix: &str, name: &str) -> u64 {
     prefix.hash(&mut h);
     name.hash(&mut h);
     h.finish() | (1 << 63)
+}
+
+/// The bytes of a started read when they are all here already (see
+/// [`Fs::begin_read`]); errors as [`Fs::read`].
+pub fn ready_bytes(pending: &crate::read::reader::PendingRead) -> Option<Result<Bytes, FsError>> {
+    pending.ready().map(read_result)
+}
+
+/// A read's outcome as the file system reports it: a vanished object is ESTALE.
+pub fn read_result(r: Result<Bytes, crate::store::StoreError>) -> Result<Bytes, FsError> {
+    match r {
+        Ok(b) => Ok(b),
+        Err(crate::store::StoreError::NotFound) => Err(FsError::Stale),
+        Err(e) => Err(e.into()),
+    }
 }

@@ -54,10 +54,11 @@ const PAGE_BLKSIZE: u32 = 4096;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum IoMode {
     /// Reads come to lakemount, through the page cache or (FOPEN_DIRECT_IO)
-    /// past it. A direct-I/O open counts here too: its first mmap puts the
-    /// inode in the kernel's cached I/O mode (`fuse_file_mmap`,
-    /// fs/fuse/file.c), which a passthrough open would conflict with.
-    Cached,
+    /// past it. Direct-I/O opens count here too: on Linux 6.9+ a MAP_SHARED
+    /// mmap of one puts the inode in the kernel's cached I/O mode
+    /// (`fuse_file_mmap`, fs/fuse/file.c), which a passthrough open would
+    /// conflict with.
+    Daemon,
     /// FUSE passthrough: the kernel reads the cache's local file itself.
     Passthrough,
 }
@@ -65,7 +66,8 @@ enum IoMode {
 /// Open files of one inode by I/O mode.
 #[derive(Default)]
 struct InodeIo {
-    cached: usize,
+    /// Opens read through lakemount (page cache or direct I/O).
+    daemon: usize,
     passthrough: usize,
     /// While `passthrough > 0`: what every passthrough open of this inode
     /// shares.
@@ -85,7 +87,8 @@ struct Shared {
 /// passthrough open while page-cache opens exist, any open but a passthrough
 /// one with the same backing file while passthrough opens exist
 /// (`fuse_file_io_open` in fs/fuse/iomode.c, Linux 6.9+). So an inode with
-/// page-cache opens gets more of them, and one with passthrough opens shares
+/// opens through lakemount (page cache or direct I/O) gets more of them, and
+/// one with passthrough opens shares
 /// their backing id. An inode never changes version (an overwritten object
 /// gets a new inode, [`crate::meta::inode::InodeTable::upsert`]), so sharing
 /// never mixes versions.
@@ -141,16 +144,14 @@ impl<S: ObjectStore> FuseFs<S> {
             mtime: stat.mtime,
             ctime: stat.mtime,
             crtime: stat.mtime,
-            kind: match stat.kind {
-                EntryKind::File => FileType::RegularFile,
-                EntryKind::Dir => FileType::Directory,
-            },
+            kind: file_type(stat.kind),
             perm: stat.perm,
             nlink: stat.nlink,
             uid: stat.uid,
             gid: stat.gid,
             rdev: 0,
-            blksize: if stat.kind == EntryKind::File && direct_io(direct_io_min_size, stat.size) {
+            blksize: if stat.kind == EntryKind::File && is_direct_io(direct_io_min_size, stat.size)
+            {
                 DIRECT_IO_BLKSIZE
             } else {
                 PAGE_BLKSIZE
@@ -172,6 +173,17 @@ fn errno(op: &'static str, e: &FsError) -> Errno {
     Errno::from_i32(code)
 }
 
+/// Answers a read with its bytes (counted) or its error.
+fn read_reply(reply: ReplyData, r: Result<bytes::Bytes, FsError>) {
+    match r {
+        Ok(data) => {
+            metrics::counter!(m::FUSE_READ_BYTES).increment(data.len() as u64);
+            reply.data(&data)
+        }
+        Err(e) => reply.error(errno("read", &e)),
+    }
+}
+
 /// Answers an xattr request: the size when `size` is 0, the bytes when they
 /// fit, ERANGE otherwise (getxattr(2)).
 fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
@@ -186,13 +198,21 @@ fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
 
 /// Whether a file of `size` bytes is read with FOPEN_DIRECT_IO under
 /// `read.direct_io_min_size` = `min` (0: never).
-fn direct_io(min: u64, size: u64) -> bool {
+fn is_direct_io(min: u64, size: u64) -> bool {
     min > 0 && size >= min
 }
 
+/// The kernel's file type of an entry kind.
+fn file_type(kind: EntryKind) -> FileType {
+    match kind {
+        EntryKind::File => FileType::RegularFile,
+        EntryKind::Dir => FileType::Directory,
+    }
+}
+
 /// Answers an open with the I/O mode [`IoModes`] allows, and records it.
-/// A page-cache open of a file of at least `direct_io_min_size` bytes is sent
-/// with FOPEN_DIRECT_IO.
+/// An open that is not passthrough, of a file of at least
+/// `direct_io_min_size` bytes, is sent with FOPEN_DIRECT_IO.
 fn open_reply(
     reply: ReplyOpen,
     ino: u64,
@@ -206,7 +226,7 @@ fn open_reply(
     let e = st.inodes.entry(ino).or_default();
     let mut shared = None;
     let mode = match (o.backing, &e.backing) {
-        _ if e.cached > 0 => IoMode::Cached,
+        _ if e.daemon > 0 => IoMode::Daemon,
         (_, Some(b)) => {
             shared = Some(b.id.clone());
             IoMode::Passthrough
@@ -223,13 +243,13 @@ fn open_reply(
             }
             Err(err) => {
                 backing_failed(&err, passthrough);
-                IoMode::Cached
+                IoMode::Daemon
             }
         },
-        (None, None) => IoMode::Cached,
+        (None, None) => IoMode::Daemon,
     };
     match mode {
-        IoMode::Cached => e.cached += 1,
+        IoMode::Daemon => e.daemon += 1,
         IoMode::Passthrough => e.passthrough += 1,
     }
     st.handles.insert(o.fh, (ino, mode));
@@ -242,12 +262,14 @@ fn open_reply(
         }
         _ => {
             let mut flags = FopenFlags::empty();
-            if direct_io(direct_io_min_size, o.size) {
+            if is_direct_io(direct_io_min_size, o.size) {
                 metrics::counter!(m::FUSE_DIRECT_IO_OPENS).increment(1);
                 flags |= FopenFlags::FOPEN_DIRECT_IO;
             }
-            // With direct I/O too: pages an mmap of this version put in the
-            // page cache stay valid while the ETag is unchanged.
+            // With direct I/O too: without it the open would drop the
+            // file's pages, unmapping them from live mmaps of this version.
+            // (An mmap of a direct-I/O file drops them itself, at each mmap:
+            // `fuse_file_mmap` calls invalidate_inode_pages2.)
             if o.keep_cache {
                 flags |= FopenFlags::FOPEN_KEEP_CACHE;
             }
@@ -283,9 +305,6 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_PARALLEL_DIROPS,
-            // One large read(2) of an FOPEN_DIRECT_IO file is sent as
-            // several concurrent requests instead of one after another.
-            InitFlags::FUSE_ASYNC_DIO,
         ] {
             if let Err(missing) = config.add_capabilities(cap) {
                 debug!(?missing, "kernel lacks FUSE capability");
@@ -384,16 +403,21 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let fs = self.fs.clone();
-        self.rt.spawn(async move {
-            match fs.read(fh.0, offset, size).await {
-                Ok(data) => {
-                    metrics::counter!(m::FUSE_READ_BYTES).increment(data.len() as u64);
-                    reply.data(&data)
-                }
-                Err(e) => reply.error(errno("read", &e)),
-            }
-        });
+        // Planned here, on the session thread: when the bytes are already
+        // read ahead (the usual case of a sequential reader) the reply goes
+        // out at once, without waking a runtime thread; otherwise a task
+        // waits for them.
+        let _rt = self.rt.enter();
+        let pending = match self.fs.begin_read(fh.0, offset, size) {
+            Ok(p) => p,
+            Err(e) => return reply.error(errno("read", &e)),
+        };
+        if let Some(r) = crate::fs::ready_bytes(&pending) {
+            return read_reply(reply, r);
+        }
+        self.rt.spawn(
+            async move { read_reply(reply, crate::fs::read_result(pending.finish().await)) },
+        );
     }
 
     fn release(
@@ -412,7 +436,7 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
             && let Some(e) = io.inodes.get_mut(&ino)
         {
             match mode {
-                IoMode::Cached => e.cached -= 1,
+                IoMode::Daemon => e.daemon -= 1,
                 IoMode::Passthrough => {
                     e.passthrough -= 1;
                     if e.passthrough == 0 {
@@ -420,7 +444,7 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
                     }
                 }
             }
-            if e.cached == 0 && e.passthrough == 0 {
+            if e.daemon == 0 && e.passthrough == 0 {
                 io.inodes.remove(&ino);
             }
         }
@@ -463,7 +487,7 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         {
             Ok(entries) => {
                 for e in entries {
-                    let kind = Self::attr(&e.stat, 0).kind;
+                    let kind = file_type(e.stat.kind);
                     if reply.add(INodeNo(e.stat.ino), e.offset, kind, &e.name) {
                         break;
                     }

@@ -48,9 +48,10 @@ pub struct ReadConfig {
     /// straight into the reader's buffer from read-ahead, one copy fewer than
     /// through the page cache, which a shard read once per epoch would only
     /// pass through (and push other pages out of). Such files report
-    /// `st_blksize` 1 MiB so buffered readers (stdio, Python's `open`) send
-    /// large reads; small reads are where the page cache is better (the kernel
-    /// turns them into 1 MiB requests), hence the size floor. mmap still works
+    /// `st_blksize` 1 MiB so readers that size their buffer from it (Python's
+    /// `open`, coreutils; not glibc stdio) send large reads; small reads are
+    /// where the page cache is better (the kernel turns them into 1 MiB
+    /// requests), hence the size floor. mmap still works
     /// (FUSE_DIRECT_IO_ALLOW_MMAP, Linux 6.6+; on older kernels every file
     /// uses the page cache). 64 MiB: shards (100 MB-10 GB) go direct, samples
     /// and small files stay cached. 0: every file uses the page cache.

@@ -144,40 +144,39 @@ impl<S: ObjectStore> Reader<S> {
     /// none at or past it. Errors: the store's ([`StoreError::PreconditionFailed`]
     /// when the object changed since open).
     pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, StoreError> {
-        if offset >= self.size || len == 0 {
-            return Ok(Bytes::new());
-        }
-        let end = (offset + len as u64).min(self.size);
-        let wanted = self.plan(offset, end);
-        let waited = Instant::now();
-        let mut chunks = Vec::with_capacity(wanted.len());
-        for (start, data) in wanted {
-            let held = data.await?;
-            let segs = &held.segs;
-            let from = offset.max(start) - start;
-            let to = (end.min(start + segs.len() as u64) - start).max(from);
-            chunks.push(segs.slice(from as usize, to as usize));
-        }
-        metrics::histogram!(m::READ_WAIT_SECONDS).record(waited.elapsed().as_secs_f64());
-        Ok(match chunks.len() {
-            1 => chunks.pop().unwrap(),
-            _ => {
-                let mut buf = BytesMut::with_capacity((end - offset) as usize);
-                for c in chunks {
-                    buf.extend_from_slice(&c);
-                }
-                buf.freeze()
-            }
-        })
+        self.begin_read(offset, len).finish().await
     }
 
-    /// The largest window this reader may have now.
+    /// Starts a read of `len` bytes at `offset`: moves the window and sends
+    /// the GETs it needs now, without waiting. [`PendingRead::ready`] then
+    /// gives the bytes at once when they are all here, else
+    /// [`PendingRead::finish`] waits for them. Needs a tokio runtime context
+    /// (GETs are spawned).
+    pub fn begin_read(&self, offset: u64, len: u32) -> PendingRead {
+        if offset >= self.size || len == 0 {
+            return PendingRead {
+                offset,
+                end: offset,
+                wanted: Vec::new(),
+            };
+        }
+        let end = (offset + len as u64).min(self.size);
+        PendingRead {
+            offset,
+            end,
+            wanted: self.plan(offset, end),
+        }
+    }
+
+    /// The largest window this reader may have now: `max_window`, or less
+    /// while other readers share the budget: its fair share rounded down to
+    /// a power of two, so that parts keep the sizes whose buffers are reused
+    /// ([`crate::store::pool`]).
     fn window_cap(&self) -> u64 {
         let initial = self.config.initial_window.max(1);
-        self.config
-            .max_window
-            .min(self.budget.fair_share())
-            .max(initial)
+        let share = self.budget.fair_share();
+        let share = if share == 0 { 0 } else { 1 << share.ilog2() };
+        self.config.max_window.min(share).max(initial)
     }
 
     /// Under the lock: decides sequential vs. seek, schedules GETs, and returns
@@ -256,8 +255,11 @@ impl<S: ObjectStore> Reader<S> {
             //
             // A part wholly behind this read whose every byte has been handed
             // out goes at once: the kernel's page cache asks for each byte
-            // once, so nothing will read it again (a reread costs one GET of
-            // its range). Keeping it until the reader was a part past it held
+            // once, and a stream read with direct I/O moves forward, so
+            // nothing is likely to read it again (a reread costs one GET of
+            // its range; `delivered` counts reread bytes again, so a part
+            // read partly twice can go before its last bytes were asked for,
+            // which costs the same). Keeping it until the reader was a part past it held
             // one part per open file beyond what the stream needs: with 200
             // open files and a 256 MiB budget, ~250 MiB of consumed data.
             // Parts before such a part go with it: the reader has moved past a
@@ -398,6 +400,68 @@ impl<S: ObjectStore> Reader<S> {
             data,
             abort,
             delivered: 0,
+        }
+    }
+}
+
+/// A read whose GETs are sent ([`Reader::begin_read`]): the parts covering
+/// `[offset, end)`.
+pub struct PendingRead {
+    offset: u64,
+    end: u64,
+    wanted: Vec<(u64, PartFuture)>,
+}
+
+impl PendingRead {
+    /// The bytes, when every part they come from is already here (no wait):
+    /// what a sequential reader finds most of the time, answered without a
+    /// hop to another thread. `None`: some part is still being fetched.
+    pub fn ready(&self) -> Option<Result<Bytes, StoreError>> {
+        let mut held = Vec::with_capacity(self.wanted.len());
+        for (start, data) in &self.wanted {
+            match data.peek()? {
+                Ok(h) => held.push((*start, h.clone())),
+                Err(e) => return Some(Err(e.clone())),
+            }
+        }
+        metrics::histogram!(m::READ_WAIT_SECONDS).record(0.0);
+        Some(Ok(self.assemble(&held)))
+    }
+
+    /// Waits for the parts and gives the bytes. Errors: the store's.
+    pub async fn finish(self) -> Result<Bytes, StoreError> {
+        let waited = Instant::now();
+        let mut held = Vec::with_capacity(self.wanted.len());
+        for (start, data) in &self.wanted {
+            held.push((*start, data.clone().await?));
+        }
+        metrics::histogram!(m::READ_WAIT_SECONDS).record(waited.elapsed().as_secs_f64());
+        Ok(self.assemble(&held))
+    }
+
+    /// `[offset, end)` out of the parts (one slice, or one copy when the read
+    /// spans parts).
+    fn assemble(&self, held: &[(u64, Arc<Held>)]) -> Bytes {
+        let (offset, end) = (self.offset, self.end);
+        let mut chunks: Vec<Bytes> = held
+            .iter()
+            .map(|(start, h)| {
+                let segs = &h.segs;
+                let from = offset.max(*start) - start;
+                let to = (end.min(start + segs.len() as u64) - start).max(from);
+                segs.slice(from as usize, to as usize)
+            })
+            .collect();
+        match chunks.len() {
+            0 => Bytes::new(),
+            1 => chunks.pop().unwrap(),
+            _ => {
+                let mut buf = BytesMut::with_capacity((end - offset) as usize);
+                for c in chunks {
+                    buf.extend_from_slice(&c);
+                }
+                buf.freeze()
+            }
         }
     }
 }
