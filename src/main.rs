@@ -93,7 +93,7 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// files read at once (1,504 MiB budget, 2026-12-01) the 10 s default kept
 /// ~320 MiB of freed read-ahead buffers resident (peak RSS 1,825 against
 /// 1,507 MiB reserved); 100 ms: 1,578-1,605 MiB at the same throughput
-/// (930-950 against 970-980 MiB/s); 0 ms: 1,350-1,441 MiB but 630-680 MiB/s
+/// (930-950 against 970-980 MiB/s); 0 ms: 1,350-1,441 MiB but 630-810 MiB/s
 /// (every buffer faulted in anew). `muzzy_decay_ms:0`: purge at once.
 #[used]
 #[unsafe(export_name = "_rjem_malloc_conf")]
