@@ -89,12 +89,15 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// jemalloc options, read at its start (`malloc_conf`, jemalloc(3), under the
 /// `_rjem_` prefix tikv-jemallocator builds it with; the `_RJEM_MALLOC_CONF`
 /// environment variable still overrides them). `dirty_decay_ms:100`: freed
-/// pages go back to the kernel after ~0.1 s instead of ~10 s. With 200 open
-/// files read at once (1,504 MiB budget, 2026-12-01) the 10 s default kept
-/// ~320 MiB of freed read-ahead buffers resident (peak RSS 1,825 against
-/// 1,507 MiB reserved); 100 ms: 1,578-1,605 MiB at the same throughput
-/// (930-950 against 970-980 MiB/s); 0 ms: 1,350-1,441 MiB but 630-810 MiB/s
-/// (every buffer faulted in anew). `muzzy_decay_ms:0`: purge at once.
+/// pages go back to the kernel ~0.1 s after they are freed (applied on later
+/// allocator calls; no background thread) instead of ~10 s. With 200 open
+/// files read at once with direct I/O (1,504 MiB budget, probe runs of
+/// 2026-12-01, docs/READAHEAD.md): 10 s: peak RSS 1,813-1,862 MiB against
+/// ~1,507 MiB reserved (the gap is an upper bound of the freed pages kept:
+/// it also holds the idle daemon and pooled buffers); 100 ms: 1,578-1,632
+/// MiB at 930-980 MiB/s (10 s: 970-980, ~4% more); 0 ms: 1,350-1,441 MiB but
+/// 630-810 MiB/s (every buffer faulted in anew). `muzzy_decay_ms:0` is
+/// jemalloc 5.3's default, stated so it stays.
 #[used]
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: MallocConf = MallocConf(c"dirty_decay_ms:100,muzzy_decay_ms:0".as_ptr());

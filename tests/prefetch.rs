@@ -158,13 +158,20 @@ fn stream_in_few_large_gets(tag: &str, direct_min: u64) {
     let b = bucket_on(&s, tag);
     let size = 64 << 20;
     s.put(&b, "shard", data(size, 79));
+    let addr = format!("127.0.0.1:{}", free_port());
     let m = MountSpec::new(&b)
         .server(&s)
         .config(&format!("[read]\ndirect_io_min_size = {direct_min}\n"))
+        .args(&["--metrics-addr", &addr])
         .mount();
+    if direct_min > 0 && !direct_io_offered(&m) {
+        return;
+    }
     s.reset_counts();
     let got = std::fs::read(m.p("shard")).unwrap();
     assert!(got == data(size, 79));
+    let direct_opens = metric(&scrape(&addr), "lakemount_fuse_direct_io_opens_total");
+    assert_eq!(direct_opens, if direct_min > 0 { 1.0 } else { 0.0 });
     // 8 MiB parts once the window has grown: 8 + the ramp (256K, 512K, ... 4M).
     let gets = s.request_count("GetObject");
     eprintln!("{gets} GETs for a 64 MiB sequential read");

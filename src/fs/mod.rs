@@ -380,8 +380,8 @@ impl<S: ObjectStore> Fs<S> {
     }
 
     /// Starts a read ([`Reader::begin_read`]): sends the GETs it needs; the
-    /// bytes may be ready at once ([`ready_bytes`]). Needs a tokio runtime
-    /// context. Errors: EBADF.
+    /// bytes may be ready at once ([`ready_bytes`]). Panics outside a tokio
+    /// runtime context. Errors: EBADF.
     pub fn begin_read(
         &self,
         fh: u64,
@@ -400,7 +400,10 @@ impl<S: ObjectStore> Fs<S> {
 
     /// Closes a file handle.
     pub fn release(&self, fh: u64) {
-        self.files.lock().unwrap().remove(&fh);
+        // Dropped after the lock: dropping a reader frees its parts, which
+        // session threads starting reads should not wait behind.
+        let reader = self.files.lock().unwrap().remove(&fh);
+        drop(reader);
     }
 
     /// Opens a directory: takes one listing snapshot that every readdir of this

@@ -1,7 +1,9 @@
-//! The FUSE adapter: implements `fuser::Filesystem` over [`Fs`]. Each handler
-//! hands its request to the tokio runtime and replies from there, so no FUSE
-//! session thread ever waits on the network. The only module that touches
-//! fuser's request and reply types.
+//! The FUSE adapter: implements `fuser::Filesystem` over [`Fs`]. A handler
+//! that may wait (on the network, the disk cache) hands its request to the
+//! tokio runtime and replies from there, so no FUSE session thread ever waits
+//! on the network; a read whose bytes are already read ahead is answered on
+//! the session thread itself. The only module that touches fuser's request
+//! and reply types.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;

@@ -18,7 +18,7 @@
 //! Reads of one handle may run concurrently; the lock is never held across a GET.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -39,13 +39,33 @@ const REORDER_READS: u64 = 4;
 
 type PartFuture = Shared<BoxFuture<'static, Result<Arc<Held>, StoreError>>>;
 
-/// The bytes of a finished GET with their budget reservation: the reservation
-/// goes back only when the last holder of the bytes (the part, or a read still
-/// slicing them) lets go, not when the part leaves the reader's list while a
-/// read is still waiting on it.
+/// What a read needs of one part: its first byte's offset, the future of its
+/// bytes and the part itself (whose outcome shows once its GET has ended).
+type Wanted = (u64, PartFuture, Arc<Held>);
+
+/// The bytes of one GET with their budget reservation: the reservation goes
+/// back only when the last holder of the part (the reader's list, or a read
+/// still waiting on or slicing it) lets go, not when the part leaves the
+/// reader's list while a read is still waiting on it. The GET's task holds it
+/// weakly, so a part nobody holds any more gives its reservation back at once,
+/// even before the cancelled task has been dropped.
 struct Held {
-    segs: Segments,
+    /// The GET's outcome, set by its task as soon as it ends. Unlike
+    /// [`Shared::peek`], which sees a result only once some reader has polled
+    /// the future, this shows a finished read-ahead part nobody has waited
+    /// for yet.
+    result: OnceLock<Result<Segments, StoreError>>,
     _reservation: Reservation,
+}
+
+impl Held {
+    /// The bytes; empty unless the GET succeeded.
+    fn segs(&self) -> Segments {
+        match self.result.get() {
+            Some(Ok(segs)) => segs.clone(),
+            _ => Segments::default(),
+        }
+    }
 }
 
 /// One ranged GET, in flight or done.
@@ -53,6 +73,8 @@ struct Part {
     start: u64,
     end: u64,
     data: PartFuture,
+    /// The part's bytes once its GET ends (before anyone awaits `data`).
+    held: Arc<Held>,
     abort: tokio::task::AbortHandle,
     /// Bytes of this part returned to readers so far.
     delivered: u64,
@@ -63,8 +85,8 @@ impl Drop for Part {
         if self.data.strong_count().unwrap_or(0) <= 1 {
             self.abort.abort();
         }
-        if let Some(Ok(held)) = self.data.peek() {
-            let unused = (held.segs.len() as u64).saturating_sub(self.delivered);
+        if let Some(Ok(segs)) = self.held.result.get() {
+            let unused = (segs.len() as u64).saturating_sub(self.delivered);
             if unused > 0 {
                 metrics::counter!(m::PREFETCH_UNUSED_BYTES).increment(unused);
             }
@@ -150,8 +172,8 @@ impl<S: ObjectStore> Reader<S> {
     /// Starts a read of `len` bytes at `offset`: moves the window and sends
     /// the GETs it needs now, without waiting. [`PendingRead::ready`] then
     /// gives the bytes at once when they are all here, else
-    /// [`PendingRead::finish`] waits for them. Needs a tokio runtime context
-    /// (GETs are spawned).
+    /// [`PendingRead::finish`] waits for them. Panics outside a tokio runtime
+    /// context (GETs are spawned with `tokio::spawn`).
     pub fn begin_read(&self, offset: u64, len: u32) -> PendingRead {
         if offset >= self.size || len == 0 {
             return PendingRead {
@@ -168,20 +190,23 @@ impl<S: ObjectStore> Reader<S> {
         }
     }
 
-    /// The largest window this reader may have now: `max_window`, or less
-    /// while other readers share the budget: its fair share rounded down to
-    /// a power of two, so that parts keep the sizes whose buffers are reused
-    /// ([`crate::store::pool`]).
+    /// The largest window this reader may have now, bytes: `max_window`, or
+    /// less while other readers share the budget: its fair share rounded down
+    /// to a power of two, so that parts keep the sizes whose buffers are
+    /// reused ([`crate::store::pool`]). The rounding can leave up to half of
+    /// a reader's share unused (7.5 MiB with 200 readers of a 1,504 MiB budget
+    /// gives 4 MiB windows).
     fn window_cap(&self) -> u64 {
         let initial = self.config.initial_window.max(1);
-        let share = self.budget.fair_share();
-        let share = if share == 0 { 0 } else { 1 << share.ilog2() };
-        self.config.max_window.min(share).max(initial)
+        self.config
+            .max_window
+            .min(floor_pow2(self.budget.fair_share()))
+            .max(initial)
     }
 
     /// Under the lock: decides sequential vs. seek, schedules GETs, and returns
     /// the parts covering `[offset, end)`.
-    fn plan(&self, offset: u64, end: u64) -> Vec<(u64, PartFuture)> {
+    fn plan(&self, offset: u64, end: u64) -> Vec<Wanted> {
         let mut st = self.state.lock().unwrap();
         // A part whose GET failed is not kept: otherwise every later read of its
         // range on this handle got the same error without asking S3 again, so a
@@ -190,7 +215,7 @@ impl<S: ObjectStore> Reader<S> {
         if st
             .parts
             .iter()
-            .any(|p| matches!(p.data.peek(), Some(Err(_))))
+            .any(|p| matches!(p.held.result.get(), Some(Err(_))))
         {
             st.parts.clear();
         }
@@ -337,7 +362,7 @@ impl<S: ObjectStore> Reader<S> {
             } else {
                 // Budget exhausted: shrink to what is already in flight ahead.
                 metrics::counter!(m::PREFETCH_BUDGET_REFUSALS).increment(1);
-                st.window = (next - offset).max(initial);
+                st.window = floor_pow2(next - offset).max(initial);
                 break;
             };
             let part = self.spawn_get(next, part_end, reservation);
@@ -354,14 +379,14 @@ impl<S: ObjectStore> Reader<S> {
         );
         detached
             .iter()
-            .map(|p| (p.start, p.data.clone()))
+            .map(|p| (p.start, p.data.clone(), p.held.clone()))
             .chain(
                 st.parts
                     .iter_mut()
                     .filter(|p| p.start < end && p.end > offset)
                     .map(|p| {
                         p.delivered += end.min(p.end) - offset.max(p.start);
-                        (p.start, p.data.clone())
+                        (p.start, p.data.clone(), p.held.clone())
                     }),
             )
             .collect()
@@ -373,24 +398,35 @@ impl<S: ObjectStore> Reader<S> {
         let etag = self.etag.clone();
         let cache = self.cache.clone();
         let size = self.size;
+        let held = Arc::new(Held {
+            result: OnceLock::new(),
+            _reservation: reservation,
+        });
+        let weak = Arc::downgrade(&held);
         let task = tokio::spawn(async move {
-            match cache {
+            let got = match cache {
                 Some(c) => c.get_range(&*store, &key, &etag, size, start..end).await,
                 None => store
                     .get_range(&key, start..end, &etag)
                     .await
                     .map(Segments::from),
+            };
+            if let Some(h) = weak.upgrade() {
+                let _ = h.result.set(got);
             }
         });
         let abort = task.abort_handle();
+        let mine = held.clone();
         let data = async move {
-            let segs = task
-                .await
-                .unwrap_or_else(|e| Err(StoreError::Other(format!("GET task ended: {e}"))))?;
-            Ok(Arc::new(Held {
-                segs,
-                _reservation: reservation,
-            }))
+            let ended = task.await;
+            match mine.result.get() {
+                Some(Ok(_)) => Ok(mine),
+                Some(Err(e)) => Err(e.clone()),
+                None => Err(StoreError::Other(match ended {
+                    Err(e) => format!("GET task ended: {e}"),
+                    Ok(()) => "GET task ended without its bytes".into(),
+                })),
+            }
         }
         .boxed()
         .shared();
@@ -398,10 +434,16 @@ impl<S: ObjectStore> Reader<S> {
             start,
             end,
             data,
+            held,
             abort,
             delivered: 0,
         }
     }
+}
+
+/// The largest power of two at most `x` (0 for 0).
+fn floor_pow2(x: u64) -> u64 {
+    if x == 0 { 0 } else { 1 << x.ilog2() }
 }
 
 /// A read whose GETs are sent ([`Reader::begin_read`]): the parts covering
@@ -409,7 +451,7 @@ impl<S: ObjectStore> Reader<S> {
 pub struct PendingRead {
     offset: u64,
     end: u64,
-    wanted: Vec<(u64, PartFuture)>,
+    wanted: Vec<Wanted>,
 }
 
 impl PendingRead {
@@ -418,13 +460,15 @@ impl PendingRead {
     /// hop to another thread. `None`: some part is still being fetched.
     pub fn ready(&self) -> Option<Result<Bytes, StoreError>> {
         let mut held = Vec::with_capacity(self.wanted.len());
-        for (start, data) in &self.wanted {
-            match data.peek()? {
-                Ok(h) => held.push((*start, h.clone())),
+        for (start, _, part) in &self.wanted {
+            match part.result.get()? {
+                Ok(_) => held.push((*start, part.clone())),
                 Err(e) => return Some(Err(e.clone())),
             }
         }
-        metrics::histogram!(m::READ_WAIT_SECONDS).record(0.0);
+        if !held.is_empty() {
+            metrics::histogram!(m::READ_WAIT_SECONDS).record(0.0);
+        }
         Some(Ok(self.assemble(&held)))
     }
 
@@ -432,10 +476,12 @@ impl PendingRead {
     pub async fn finish(self) -> Result<Bytes, StoreError> {
         let waited = Instant::now();
         let mut held = Vec::with_capacity(self.wanted.len());
-        for (start, data) in &self.wanted {
+        for (start, data, _) in &self.wanted {
             held.push((*start, data.clone().await?));
         }
-        metrics::histogram!(m::READ_WAIT_SECONDS).record(waited.elapsed().as_secs_f64());
+        if !held.is_empty() {
+            metrics::histogram!(m::READ_WAIT_SECONDS).record(waited.elapsed().as_secs_f64());
+        }
         Ok(self.assemble(&held))
     }
 
@@ -446,7 +492,7 @@ impl PendingRead {
         let mut chunks: Vec<Bytes> = held
             .iter()
             .map(|(start, h)| {
-                let segs = &h.segs;
+                let segs = h.segs();
                 let from = offset.max(*start) - start;
                 let to = (end.min(start + segs.len() as u64) - start).max(from);
                 segs.slice(from as usize, to as usize)
@@ -668,6 +714,70 @@ mod tests {
             let b = r.read(off as u64, 1000).await.unwrap();
             assert_eq!(&b[..], &d[off..off + 1000]);
         }
+    }
+
+    /// A read-ahead part whose GET has finished is ready for the next read
+    /// at once, before any read has waited on it (the FUSE session thread
+    /// answers such reads itself); one still in flight is not.
+    #[tokio::test]
+    async fn finished_read_ahead_is_ready_before_anyone_waits() {
+        let store = Arc::new(MemStore::default());
+        let d = data(20_000);
+        let etag = store.put("k", d.clone());
+        let r = Reader::new(store.clone(), "k", &etag, d.len() as u64, cfg(), budget());
+        // Grow the window so parts beyond the reads are in flight.
+        let mut off = 0u64;
+        while off < 4_000 {
+            off += r.read(off, 500).await.unwrap().len() as u64;
+        }
+        let next = r.begin_read(off, 500);
+        // Wait for the GETs without awaiting any part's future.
+        for _ in 0..1000 {
+            if next.ready().is_some() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let b = next
+            .ready()
+            .expect("finished part not seen as ready")
+            .unwrap();
+        assert_eq!(&b[..], &d[off as usize..off as usize + 500]);
+        // Far ahead of everything read: a new GET, not ready at once.
+        assert!(r.begin_read(15_000, 500).ready().is_none());
+        let empty = r.begin_read(20_000, 10);
+        assert!(empty.ready().unwrap().unwrap().is_empty());
+    }
+
+    #[test]
+    fn fair_share_windows_are_powers_of_two() {
+        assert_eq!(floor_pow2(0), 0);
+        assert_eq!(floor_pow2(1), 1);
+        assert_eq!(floor_pow2((15 << 20) / 2), 4 << 20);
+        assert_eq!(floor_pow2(8 << 20), 8 << 20);
+        assert_eq!(floor_pow2(u64::MAX), 1 << 63);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let _g = rt.enter();
+        let store = Arc::new(MemStore::default());
+        let b = MemoryBudget::new(1_504 << 20);
+        let c = ReadConfig {
+            max_window: 64 << 20,
+            ..ReadConfig::default()
+        };
+        let one = Reader::new(store.clone(), "k", "e", 1 << 30, c.clone(), b.clone());
+        assert_eq!(
+            one.window_cap(),
+            64 << 20,
+            "a lone reader reaches max_window"
+        );
+        let others: Vec<_> = (0..199)
+            .map(|_| Reader::new(store.clone(), "k", "e", 1 << 30, c.clone(), b.clone()))
+            .collect();
+        // 1,504 MiB / 200 = 7.52 MiB: 4 MiB windows, a pooled part size.
+        assert_eq!(one.window_cap(), 4 << 20);
+        drop(others);
     }
 
     #[tokio::test]

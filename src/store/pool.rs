@@ -16,9 +16,8 @@
 //! A buffer is only reused for a GET of exactly its size, so the bytes the
 //! budget counts are the bytes the buffer holds. Other sizes (the last part of
 //! a file, a demand read beyond the budget) are not kept. Freed part buffers
-//! of many sizes otherwise stayed resident in the allocator: with 200 open
-//! files the daemon's peak RSS was ~330 MiB above the memory reserved
-//! (jemalloc keeps freed pages ~10 s before returning them).
+//! of many sizes otherwise stay in the allocator until it returns them
+//! (jemalloc's dirty decay, set in src/main.rs).
 //!
 //! At most `max_idle` bytes wait here unused, the most recently returned ones
 //! (the oldest idle buffer is freed first): they are memory outside the
