@@ -262,6 +262,51 @@ impl Config {
     }
 }
 
+/// Serde helpers for byte sizes in the config file: an integer (bytes) or a
+/// string with a binary unit (`"8MiB"`, `"64KiB"`, `"2GiB"`; also `K`, `M`,
+/// `G`, `T`), the forms `[cache] max_size` takes, without its percentages.
+pub mod byte_size {
+    use serde::{Deserialize, Deserializer};
+
+    use crate::cache::Size;
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Int(u64),
+        Str(String),
+    }
+
+    fn bytes(r: Repr) -> Result<u64, String> {
+        match r {
+            Repr::Int(b) => Ok(b),
+            Repr::Str(s) => match Size::parse(&s) {
+                Ok(Size::Bytes(b)) => Ok(b),
+                _ => Err(format!(
+                    "{s:?}; accepted: bytes (e.g. 8388608) or a size like \"8MiB\""
+                )),
+            },
+        }
+    }
+
+    /// A byte size. Errors: a message naming the accepted forms.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        bytes(Repr::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+
+    /// An optional byte size (the key may be left out).
+    pub mod option {
+        use super::*;
+
+        /// A byte size, present. Errors: as [`super::deserialize`].
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+            super::bytes(Repr::deserialize(d)?)
+                .map(Some)
+                .map_err(serde::de::Error::custom)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,6 +333,33 @@ mod tests {
         let e = Config::from_toml("[read]\npart_size = \"big\"\n", "x.toml").unwrap_err();
         let msg = e.to_string();
         assert!(msg.contains("part_size"), "{msg}");
+    }
+
+    /// Byte sizes take the forms `[cache] max_size` takes (bar percentages)
+    /// in every section, so an admin can write them one way throughout.
+    #[test]
+    fn byte_sizes_take_units_everywhere() {
+        let text = "[read]\npart_size = \"8MiB\"\ninitial_window = \"64KiB\"\n\
+                    max_window = 67108864\nmemory_budget = \"1GiB\"\n\
+                    direct_io_min_size = \"64M\"\nkernel_read_ahead = \"1MiB\"\n\
+                    [cache]\nblock_size = \"1MiB\"\nmemory_size = \"256MiB\"\n";
+        let c = Config::from_toml(text, "x.toml").unwrap();
+        assert_eq!(c.read.part_size, 8 << 20);
+        assert_eq!(c.read.initial_window, 64 << 10);
+        assert_eq!(c.read.max_window, 64 << 20);
+        assert_eq!(c.read.memory_budget, Some(1 << 30));
+        assert_eq!(c.read.direct_io_min_size, 64 << 20);
+        assert_eq!(c.read.kernel_read_ahead, 1 << 20);
+        assert_eq!(c.cache.block_size, 1 << 20);
+        assert_eq!(c.cache.memory_size, 256 << 20);
+        for bad in ["\"8 apples\"", "\"50%\"", "-1", "\"1.5GiB\""] {
+            let e = Config::from_toml(&format!("[read]\npart_size = {bad}\n"), "x.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("part_size"), "{bad}: {e}");
+        }
+        let e = Config::from_toml("[read]\npart_size = \"50%\"\n", "x.toml").unwrap_err();
+        assert!(e.to_string().contains("\"8MiB\""), "{e}");
     }
 
     #[test]

@@ -116,8 +116,10 @@ pub struct CacheConfig {
     /// Block size, bytes: the unit of caching and of GETs while the cache is
     /// on. 1 MiB (what Mountpoint for S3 uses too): a random 4 KiB read costs
     /// one 1 MiB GET, a sequential stream is not slowed by per-block overhead.
+    #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub block_size: u64,
     /// Memory tier for the hottest blocks, bytes. Default 256 MiB. 0: none.
+    #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub memory_size: u64,
     /// Serve fully cached, unchanged files by FUSE passthrough (Linux 6.9+,
     /// root): the kernel reads the cache's local file directly, at local-disk

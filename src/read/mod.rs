@@ -18,15 +18,18 @@ pub use segments::Segments;
 pub struct ReadConfig {
     /// Largest single ranged GET. 8 MiB keeps per-request overhead under a few
     /// percent at loopback/LAN speeds while one failed part costs little to retry.
+    #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub part_size: u64,
     /// Window after open or a seek: what a random read fetches at least.
     /// 64 KiB: a random 4 KiB read costs about what a 4 KiB GET costs (the
     /// benchmark measured 256 KiB random GETs at ~0.6x the rate of 4 KiB ones,
     /// bench/RESULTS.md), while a Parquet footer or a tar header still fits.
     /// Sequential readers double it from here.
+    #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub initial_window: u64,
     /// Largest read-ahead window per open file. 64 MiB is 8 parts in flight,
     /// enough to fill a 10 Gbit/s link at 50 ms per GET.
+    #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub max_window: u64,
     /// Most ranged GETs of read-ahead one open file has in flight at once.
     /// 8 = `max_window / part_size` with the defaults: the window is fetched
@@ -37,11 +40,13 @@ pub struct ReadConfig {
     /// Memory all read-ahead may hold at once, bytes. `None`: 1/16 of physical
     /// memory, between 256 MiB and 8 GiB ([`budget::default_budget_bytes`]).
     /// When it is used up, windows stop growing instead of allocating.
+    #[serde(deserialize_with = "crate::config::byte_size::option::deserialize")]
     pub memory_budget: Option<u64>,
     /// Kernel read-ahead for the mount (`/sys/class/bdi/<dev>/read_ahead_kb`),
     /// bytes. The FUSE default of 128 KiB means one request to lakemount per
     /// 128 KiB read; 1 MiB lets the kernel send 1 MiB reads (the FUSE request
     /// limit is 256 pages, `fuse_max_pages_limit`). 0: leave the kernel's value.
+    #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub kernel_read_ahead: u64,
     /// Files of at least this many bytes bypass the kernel page cache
     /// (FOPEN_DIRECT_IO): each read(2) comes to lakemount and is answered
@@ -56,6 +61,7 @@ pub struct ReadConfig {
     /// uses the page cache). 64 MiB: shards (100 MB-10 GB) go direct, samples
     /// and small files stay cached. 0: every file uses the page cache.
     /// Measured in bench/RESULTS.md; docs/READAHEAD.md.
+    #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub direct_io_min_size: u64,
 }
 
