@@ -581,32 +581,6 @@ fn an_overwrite_while_a_passthrough_handle_is_open_is_read_new_by_new_opens() {
     assert!(read(&m, "x.bin") == new);
 }
 
-/// The bytes of a shared read-only mmap of all of `f` (`len` bytes).
-fn mmap_read(f: &std::fs::File, len: usize) -> Vec<u8> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a fresh read-only shared mapping of `len` bytes of an open
-    // file, copied out and unmapped before returning.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(
-            p,
-            libc::MAP_FAILED,
-            "mmap: {}",
-            std::io::Error::last_os_error()
-        );
-        let copy = std::slice::from_raw_parts(p as *const u8, len).to_vec();
-        assert_eq!(libc::munmap(p, len), 0);
-        copy
-    }
-}
-
 /// Direct-I/O opens and passthrough opens of one file never meet in the
 /// kernel (which fails a conflicting open or mmap with EIO): while a
 /// direct-I/O handle is open, a new open reads through lakemount even once

@@ -297,7 +297,6 @@ fn large_files_bypass_the_page_cache_small_files_keep_it() {
 /// kernel refuses MAP_SHARED with ENODEV).
 #[test]
 fn mmap_of_a_direct_io_file_reads_every_byte() {
-    use std::os::fd::AsRawFd;
     let b = bucket("directmmap");
     let size = 6 << 20;
     let d = data(size, 83);
@@ -315,27 +314,7 @@ fn mmap_of_a_direct_io_file_reads_every_byte() {
         metric(&scrape(&addr), "lakemount_fuse_direct_io_opens_total"),
         1.0
     );
-    // SAFETY: a fresh read-only shared mapping of `size` bytes of an open
-    // file, unmapped below; the slice does not outlive it.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            size,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(
-            p,
-            libc::MAP_FAILED,
-            "mmap: {}",
-            std::io::Error::last_os_error()
-        );
-        let mapped = std::slice::from_raw_parts(p as *const u8, size);
-        assert!(mapped == &d[..], "mapped bytes differ");
-        assert_eq!(libc::munmap(p, size), 0);
-    }
+    assert!(mmap_read(&f, size) == d, "mapped bytes differ");
     let mut buf = vec![0u8; 1 << 20];
     let n = f.read_at(&mut buf, (size - (1 << 20)) as u64).unwrap();
     assert!(buf[..n] == d[size - (1 << 20)..], "read after munmap");

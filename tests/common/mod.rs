@@ -398,3 +398,29 @@ pub fn metric(body: &str, name: &str) -> f64 {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
         .unwrap_or(0.0)
 }
+
+/// The bytes of a shared read-only mmap of all of `f` (`len` bytes).
+pub fn mmap_read(f: &std::fs::File, len: usize) -> Vec<u8> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh read-only shared mapping of `len` bytes of an open
+    // file, copied out and unmapped before returning.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(
+            p,
+            libc::MAP_FAILED,
+            "mmap: {}",
+            std::io::Error::last_os_error()
+        );
+        let copy = std::slice::from_raw_parts(p as *const u8, len).to_vec();
+        assert_eq!(libc::munmap(p, len), 0);
+        copy
+    }
+}
