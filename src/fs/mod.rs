@@ -380,8 +380,8 @@ impl<S: ObjectStore> Fs<S> {
     }
 
     /// Starts a read ([`Reader::begin_read`]): sends the GETs it needs; the
-    /// bytes may be ready at once ([`ready_bytes`]). Panics outside a tokio
-    /// runtime context. Errors: EBADF.
+    /// bytes may be ready at once (`PendingRead::ready`, its outcome through
+    /// [`read_result`]). Panics outside a tokio runtime context. Errors: EBADF.
     pub fn begin_read(
         &self,
         fh: u64,
@@ -547,12 +547,6 @@ fn unknown_ino(prefix: &str, name: &str) -> u64 {
     prefix.hash(&mut h);
     name.hash(&mut h);
     h.finish() | (1 << 63)
-}
-
-/// The bytes of a started read when they are all here already (see
-/// [`Fs::begin_read`]); errors as [`Fs::read`].
-pub fn ready_bytes(pending: &crate::read::reader::PendingRead) -> Option<Result<Bytes, FsError>> {
-    pending.ready().map(read_result)
 }
 
 /// A read's outcome as the file system reports it: a vanished object is ESTALE.

@@ -414,7 +414,7 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
             Ok(p) => p,
             Err(e) => return reply.error(errno("read", &e)),
         };
-        if let Some(r) = crate::fs::ready_bytes(&pending) {
+        if let Some(r) = pending.ready().map(crate::fs::read_result) {
             return read_reply(reply, r);
         }
         self.rt.spawn(

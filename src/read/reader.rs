@@ -37,10 +37,12 @@ use crate::telemetry::metrics as m;
 /// few 1 MiB reads in flight per file; reordering seen was up to 2 reads.
 const REORDER_READS: u64 = 4;
 
-type PartFuture = Shared<BoxFuture<'static, Result<Arc<Held>, StoreError>>>;
+/// Resolves when a part's GET has ended: `Ok` once its bytes are in
+/// [`Held::result`], the error otherwise.
+type PartFuture = Shared<BoxFuture<'static, Result<(), StoreError>>>;
 
-/// What a read needs of one part: its first byte's offset, the future of its
-/// bytes and the part itself (whose outcome shows once its GET has ended).
+/// What a read needs of one part: its first byte's offset, the future that
+/// resolves when its GET has ended, and the part's bytes.
 type Wanted = (u64, PartFuture, Arc<Held>);
 
 /// The bytes of one GET with their budget reservation: the reservation goes
@@ -56,16 +58,6 @@ struct Held {
     /// for yet.
     result: OnceLock<Result<Segments, StoreError>>,
     _reservation: Reservation,
-}
-
-impl Held {
-    /// The bytes; empty unless the GET succeeded.
-    fn segs(&self) -> Segments {
-        match self.result.get() {
-            Some(Ok(segs)) => segs.clone(),
-            _ => Segments::default(),
-        }
-    }
 }
 
 /// One ranged GET, in flight or done.
@@ -416,17 +408,9 @@ impl<S: ObjectStore> Reader<S> {
             }
         });
         let abort = task.abort_handle();
-        let mine = held.clone();
         let data = async move {
-            let ended = task.await;
-            match mine.result.get() {
-                Some(Ok(_)) => Ok(mine),
-                Some(Err(e)) => Err(e.clone()),
-                None => Err(StoreError::Other(match ended {
-                    Err(e) => format!("GET task ended: {e}"),
-                    Ok(()) => "GET task ended without its bytes".into(),
-                })),
-            }
+            task.await
+                .map_err(|e| StoreError::Other(format!("GET task ended: {e}")))
         }
         .boxed()
         .shared();
@@ -459,46 +443,45 @@ impl PendingRead {
     /// what a sequential reader finds most of the time, answered without a
     /// hop to another thread. `None`: some part is still being fetched.
     pub fn ready(&self) -> Option<Result<Bytes, StoreError>> {
-        let mut held = Vec::with_capacity(self.wanted.len());
-        for (start, _, part) in &self.wanted {
-            match part.result.get()? {
-                Ok(_) => held.push((*start, part.clone())),
-                Err(e) => return Some(Err(e.clone())),
-            }
-        }
-        if !held.is_empty() {
+        let bytes = self.assemble()?;
+        if !self.wanted.is_empty() {
             metrics::histogram!(m::READ_WAIT_SECONDS).record(0.0);
         }
-        Some(Ok(self.assemble(&held)))
+        Some(bytes)
     }
 
     /// Waits for the parts and gives the bytes. Errors: the store's.
     pub async fn finish(self) -> Result<Bytes, StoreError> {
         let waited = Instant::now();
-        let mut held = Vec::with_capacity(self.wanted.len());
-        for (start, data, _) in &self.wanted {
-            held.push((*start, data.clone().await?));
+        for (_, ended, _) in &self.wanted {
+            ended.clone().await?;
         }
-        if !held.is_empty() {
+        if !self.wanted.is_empty() {
             metrics::histogram!(m::READ_WAIT_SECONDS).record(waited.elapsed().as_secs_f64());
         }
-        Ok(self.assemble(&held))
+        self.assemble().unwrap_or_else(|| {
+            // The GET task ended (`ended` was Ok) without a result: only when
+            // the part was let go meanwhile, which a waiting read prevents.
+            Err(StoreError::Other("GET ended without its bytes".into()))
+        })
     }
 
     /// `[offset, end)` out of the parts (one slice, or one copy when the read
-    /// spans parts).
-    fn assemble(&self, held: &[(u64, Arc<Held>)]) -> Bytes {
+    /// spans parts); the first failed part's error; `None` while a part's GET
+    /// has not ended.
+    fn assemble(&self) -> Option<Result<Bytes, StoreError>> {
         let (offset, end) = (self.offset, self.end);
-        let mut chunks: Vec<Bytes> = held
-            .iter()
-            .map(|(start, h)| {
-                let segs = h.segs();
-                let from = offset.max(*start) - start;
-                let to = (end.min(start + segs.len() as u64) - start).max(from);
-                segs.slice(from as usize, to as usize)
-            })
-            .collect();
-        match chunks.len() {
+        let mut chunks = Vec::with_capacity(self.wanted.len());
+        for (start, _, part) in &self.wanted {
+            let segs = match part.result.get()? {
+                Ok(segs) => segs,
+                Err(e) => return Some(Err(e.clone())),
+            };
+            let from = offset.max(*start) - start;
+            let to = (end.min(start + segs.len() as u64) - start).max(from);
+            chunks.push(segs.slice(from as usize, to as usize));
+        }
+        Some(Ok(match chunks.len() {
             0 => Bytes::new(),
             1 => chunks.pop().unwrap(),
             _ => {
@@ -508,7 +491,7 @@ impl PendingRead {
                 }
                 buf.freeze()
             }
-        }
+        }))
     }
 }
 
