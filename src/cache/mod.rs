@@ -21,8 +21,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::read::Segments;
-use crate::store::{ObjectStore, StoreError};
+use crate::store::{ObjectStore, Segments, StoreError};
 use crate::telemetry::metrics as m;
 pub use disk::{Backing, DiskCache};
 

@@ -387,7 +387,7 @@ impl<S: ObjectStore> Fs<S> {
         fh: u64,
         offset: u64,
         size: u32,
-    ) -> Result<crate::read::reader::PendingRead, FsError> {
+    ) -> Result<crate::read::part::PendingRead, FsError> {
         let reader = self
             .files
             .lock()

@@ -3,14 +3,14 @@
 //! read-ahead ([`budget`]).
 
 pub mod budget;
+pub mod part;
 pub mod reader;
-pub mod segments;
 
 use serde::Deserialize;
 
 pub use budget::MemoryBudget;
+pub use part::PendingRead;
 pub use reader::Reader;
-pub use segments::Segments;
 
 /// Read-path settings (`[read]` in the config file). Sizes in bytes.
 #[derive(Clone, Debug, Deserialize, PartialEq)]

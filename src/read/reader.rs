@@ -16,76 +16,33 @@
 //! stream (the gap is fetched). Anything else
 //! is a seek: parts nobody awaits are cancelled and the window starts small.
 //! Reads of one handle may run concurrently; the lock is never held across a GET.
+//!
+//! Each read is planned in steps, each a function of its own: drop failed
+//! parts ([`State::drop_failed`]), tell a continued stream from a seek
+//! ([`State::continues_stream`]), fetch a reordered read's gap
+//! (`Reader::fill_gap`), let consumed parts go ([`State::trim_behind`]), grow
+//! the window ([`State::grow`]) or reset it ([`State::reset`]), and send the
+//! GETs the window needs under the budget (`Reader::schedule`).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
 
-use bytes::{Bytes, BytesMut};
-use futures::FutureExt;
-use futures::future::{BoxFuture, Shared};
+use bytes::Bytes;
 
 use super::ReadConfig;
 use super::budget::{MemoryBudget, ReaderGuard, Reservation};
-use super::segments::Segments;
+use super::part::{Part, PendingRead, Wanted};
 use crate::cache::Cache;
-use crate::store::{ObjectStore, StoreError};
+use crate::store::{ObjectStore, Segments, StoreError};
 use crate::telemetry::metrics as m;
 
 /// Reads of the current read's size by which a read may arrive out of order
-/// and still count as sequential (see `plan`). 4: kernel read-ahead keeps a
-/// few 1 MiB reads in flight per file; reordering seen was up to 2 reads.
+/// and still count as sequential ([`State::continues_stream`]). 4: kernel
+/// read-ahead keeps a few 1 MiB reads in flight per file; reordering seen was
+/// up to 2 reads.
 const REORDER_READS: u64 = 4;
 
-/// Resolves when a part's GET has ended: `Ok` once its bytes are in
-/// [`Held::result`], the error otherwise.
-type PartFuture = Shared<BoxFuture<'static, Result<(), StoreError>>>;
-
-/// What a read needs of one part: its first byte's offset, the future that
-/// resolves when its GET has ended, and the part's bytes.
-type Wanted = (u64, PartFuture, Arc<Held>);
-
-/// The bytes of one GET with their budget reservation: the reservation goes
-/// back only when the last holder of the part (the reader's list, or a read
-/// still waiting on or slicing it) lets go, not when the part leaves the
-/// reader's list while a read is still waiting on it. The GET's task holds it
-/// weakly, so a part nobody holds any more gives its reservation back at once,
-/// even before the cancelled task has been dropped.
-struct Held {
-    /// The GET's outcome, set by its task as soon as it ends. Unlike
-    /// [`Shared::peek`], which sees a result only once some reader has polled
-    /// the future, this shows a finished read-ahead part nobody has waited
-    /// for yet.
-    result: OnceLock<Result<Segments, StoreError>>,
-    _reservation: Reservation,
-}
-
-/// One ranged GET, in flight or done.
-struct Part {
-    start: u64,
-    end: u64,
-    data: PartFuture,
-    /// The part's bytes once its GET ends (before anyone awaits `data`).
-    held: Arc<Held>,
-    abort: tokio::task::AbortHandle,
-    /// Bytes of this part returned to readers so far.
-    delivered: u64,
-}
-
-impl Drop for Part {
-    fn drop(&mut self) {
-        if self.data.strong_count().unwrap_or(0) <= 1 {
-            self.abort.abort();
-        }
-        if let Some(Ok(segs)) = self.held.result.get() {
-            let unused = (segs.len() as u64).saturating_sub(self.delivered);
-            if unused > 0 {
-                metrics::counter!(m::PREFETCH_UNUSED_BYTES).increment(unused);
-            }
-        }
-    }
-}
-
+/// The parts one reader holds and its window.
 struct State {
     /// Contiguous parts in offset order: `parts[i].end == parts[i+1].start`.
     parts: VecDeque<Part>,
@@ -98,6 +55,134 @@ struct State {
     /// never true again once the window exceeded about twice the read size,
     /// and the window stalled at ~8 MiB instead of growing to `max_window`.
     grow_at: u64,
+}
+
+impl State {
+    fn new(window: u64) -> Self {
+        Self {
+            parts: VecDeque::new(),
+            window,
+            grow_at: 0,
+        }
+    }
+
+    /// Drops every part when one's GET failed: otherwise every later read of
+    /// its range on this handle got the same error without asking S3 again,
+    /// so a fault that outlasted the retries poisoned the open file for good.
+    /// Dropping all parts (contiguity holds) makes the next read a new GET.
+    fn drop_failed(&mut self) {
+        if self.parts.iter().any(Part::failed) {
+            self.parts.clear();
+        }
+    }
+
+    /// First and end offset of the bytes held or in flight.
+    fn coverage(&self) -> Option<(u64, u64)> {
+        Some((self.parts.front()?.start, self.parts.back()?.end))
+    }
+
+    /// Whether a read of `[offset, end)` continues the stream held: it lies
+    /// within a tolerance before or after the parts held. The tolerance is a
+    /// window (at least `initial`), and at least [`REORDER_READS`] reads of
+    /// this size: the kernel sends read-ahead as several async reads of up to
+    /// 1 MiB at once and FUSE dispatch runs them on many threads, so while the
+    /// window is still small (64 KiB after open) a 1 MiB read two reads ahead
+    /// often arrives first; measured on the 10 Gbit/s link profile, 4-9
+    /// resets per 1 GiB fio read, each back to the initial window.
+    fn continues_stream(&self, offset: u64, end: u64, initial: u64) -> bool {
+        let tolerance = self
+            .window
+            .max(initial)
+            .max((end - offset).saturating_mul(REORDER_READS));
+        self.coverage().is_some_and(|(a, b)| {
+            offset.saturating_add(tolerance) >= a && offset <= b.saturating_add(tolerance)
+        })
+    }
+
+    /// Lets parts go that a reader at `offset` has moved past: those more
+    /// than `keep_behind` bytes behind it, and every part wholly behind it
+    /// whose bytes have all been handed out, with the parts before it.
+    ///
+    /// Kernel reads arrive at most a few MiB out of order; a later read behind
+    /// what is kept is still sequential (within the tolerance) and fetches its
+    /// gap again. Keeping a whole window behind held up to `max_window` (64
+    /// MiB) of consumed data per open file. A part read whole goes at once:
+    /// the kernel's page cache asks for each byte once, and a stream read
+    /// with direct I/O moves forward, so nothing is likely to read it again (a
+    /// reread costs one GET of its range; `delivered` counts reread bytes
+    /// again, so a part read partly twice can go before its last bytes were
+    /// asked for, which costs the same). Keeping it until the reader was a
+    /// part past it held one part per open file beyond what the stream needs:
+    /// with 200 open files and a 256 MiB budget, ~250 MiB of consumed data.
+    /// Bytes a forward skip passed over in earlier parts are not waited for.
+    fn trim_behind(&mut self, offset: u64, keep_behind: u64) {
+        let done = self
+            .parts
+            .iter()
+            .take_while(|p| p.end <= offset)
+            .enumerate()
+            .filter(|(_, p)| {
+                p.delivered >= p.end - p.start || p.end.saturating_add(keep_behind) <= offset
+            })
+            .map(|(i, _)| i + 1)
+            .last()
+            .unwrap_or(0);
+        self.parts.drain(..done);
+    }
+
+    /// Doubles the window (up to `cap`) when a read of `[offset, end)`
+    /// reached the second half of it: the reader keeps up.
+    fn grow(&mut self, offset: u64, end: u64, cap: u64) {
+        if end >= self.grow_at {
+            self.window = self.window.saturating_mul(2).min(cap);
+            self.grow_at = offset.saturating_add(self.window / 2);
+        }
+    }
+
+    /// A seek to `offset`: every part goes (those nobody awaits are
+    /// cancelled) and the window starts again at `initial`.
+    fn reset(&mut self, offset: u64, end: u64, initial: u64) {
+        if let Some(coverage) = self.coverage() {
+            metrics::counter!(m::PREFETCH_WINDOW_RESETS).increment(1);
+            tracing::debug!(
+                offset,
+                end,
+                ?coverage,
+                window = self.window,
+                "read-ahead reset"
+            );
+        }
+        self.parts.clear();
+        self.window = initial;
+        self.grow_at = offset.saturating_add(initial / 2);
+    }
+
+    /// GETs in flight.
+    fn in_flight(&self) -> usize {
+        self.parts.iter().filter(|p| !p.is_finished()).count()
+    }
+
+    /// What a read of `[offset, end)` waits on: `detached` first, then the
+    /// held parts it overlaps (counted as delivered).
+    fn wanted(&mut self, detached: Option<&Part>, offset: u64, end: u64) -> Vec<Wanted> {
+        debug_assert!(
+            self.parts
+                .iter()
+                .zip(self.parts.iter().skip(1))
+                .all(|(p, q)| p.end == q.start),
+            "parts are contiguous"
+        );
+        detached
+            .map(Part::wanted)
+            .into_iter()
+            .chain(
+                self.parts
+                    .iter_mut()
+                    .filter(|p| p.start < end && p.end > offset)
+                    .map(|p| p.deliver(offset, end)),
+            )
+            .collect()
+    }
 }
 
 /// The reader of one open file at one ETag.
@@ -134,11 +219,7 @@ impl<S: ObjectStore> Reader<S> {
             _guard: budget.register_reader(),
             budget,
             cache: None,
-            state: Mutex::new(State {
-                parts: VecDeque::new(),
-                window,
-                grow_at: 0,
-            }),
+            state: Mutex::new(State::new(window)),
         }
     }
 
@@ -168,18 +249,10 @@ impl<S: ObjectStore> Reader<S> {
     /// context (GETs are spawned with `tokio::spawn`).
     pub fn begin_read(&self, offset: u64, len: u32) -> PendingRead {
         if offset >= self.size || len == 0 {
-            return PendingRead {
-                offset,
-                end: offset,
-                wanted: Vec::new(),
-            };
+            return PendingRead::new(offset, offset, Vec::new());
         }
         let end = (offset + len as u64).min(self.size);
-        PendingRead {
-            offset,
-            end,
-            wanted: self.plan(offset, end),
-        }
+        PendingRead::new(offset, end, self.plan(offset, end))
     }
 
     /// The largest window this reader may have now, bytes: `max_window`, or
@@ -189,136 +262,84 @@ impl<S: ObjectStore> Reader<S> {
     /// a reader's share unused (7.5 MiB with 200 readers of a 1,504 MiB budget
     /// gives 4 MiB windows).
     fn window_cap(&self) -> u64 {
-        let initial = self.config.initial_window.max(1);
         self.config
             .max_window
             .min(floor_pow2(self.budget.fair_share()))
-            .max(initial)
+            .max(self.initial())
+    }
+
+    fn initial(&self) -> u64 {
+        self.config.initial_window.max(1)
+    }
+
+    fn part_size(&self) -> u64 {
+        self.config.part_size.max(1)
     }
 
     /// Under the lock: decides sequential vs. seek, schedules GETs, and returns
     /// the parts covering `[offset, end)`.
     fn plan(&self, offset: u64, end: u64) -> Vec<Wanted> {
         let mut st = self.state.lock().unwrap();
-        // A part whose GET failed is not kept: otherwise every later read of its
-        // range on this handle got the same error without asking S3 again, so a
-        // fault that outlasted the retries poisoned the open file for good.
-        // Dropping all parts (contiguity holds) makes the next read a new GET.
-        if st
-            .parts
-            .iter()
-            .any(|p| matches!(p.held.result.get(), Some(Err(_))))
-        {
-            st.parts.clear();
-        }
-        let initial = self.config.initial_window.max(1);
-        let part_size = self.config.part_size.max(1);
-        // How far out of order a read may arrive and still continue the
-        // stream: a window, and at least REORDER_READS reads of this size. The
-        // kernel sends read-ahead as several async reads of up to 1 MiB at
-        // once and FUSE dispatch runs them on many threads, so while the
-        // window is still small (64 KiB after open) a 1 MiB read two reads
-        // ahead often arrives first; measured on the 10 Gbit/s link profile,
-        // 4-9 resets per 1 GiB fio read, each back to the initial window.
-        let tolerance = st
-            .window
-            .max(initial)
-            .max((end - offset).saturating_mul(REORDER_READS));
-        let coverage = st
-            .parts
-            .front()
-            .map(|p| p.start)
-            .zip(st.parts.back().map(|p| p.end));
-        let sequential = coverage.is_some_and(|(a, b)| {
-            offset.saturating_add(tolerance) >= a && offset <= b.saturating_add(tolerance)
-        });
+        st.drop_failed();
+        let initial = self.initial();
         let mut detached = None;
-        if let (true, Some((a, _))) = (sequential, coverage) {
-            // A late, reordered read in front of what is held: fetch the gap
-            // (at most the tolerance), from the budget. Beyond the budget only
-            // the bytes this read asks for are fetched, as a part of its own
-            // that is not kept (`detached`): what is held stays contiguous and
-            // is not thrown away.
-            // Reservations first, GETs only once the whole gap fits.
-            let mut gap_end = a;
-            let mut gap = Vec::new();
-            while offset < gap_end {
-                let start = gap_end.saturating_sub(part_size).max(offset);
-                let reservation = match self.budget.try_reserve(gap_end - start) {
-                    Some(r) => r,
-                    None if gap_end <= end => self.budget.reserve_demand(gap_end - start),
-                    None => break,
-                };
-                gap.push((start, gap_end, reservation));
-                gap_end = start;
-            }
-            if offset < gap_end {
-                metrics::counter!(m::PREFETCH_BUDGET_REFUSALS).increment(1);
-                drop(gap);
-                let to = end.min(a);
-                detached =
-                    Some(self.spawn_get(offset, to, self.budget.reserve_demand(to - offset)));
-            } else {
-                for (start, end, reservation) in gap {
-                    st.parts.push_front(self.spawn_get(start, end, reservation));
-                }
-            }
-            // Drop parts the reader is more than a part (at most a window)
-            // past. Kernel reads arrive at most a few MiB out of order; a
-            // later read behind what is kept is still sequential (within the
-            // tolerance) and fetches its gap again. Keeping a whole window
-            // behind held up to `max_window` (64 MiB) of consumed data per
-            // open file once the window grows to `max_window`.
-            //
-            // A part wholly behind this read whose every byte has been handed
-            // out goes at once: the kernel's page cache asks for each byte
-            // once, and a stream read with direct I/O moves forward, so
-            // nothing is likely to read it again (a reread costs one GET of
-            // its range; `delivered` counts reread bytes again, so a part
-            // read partly twice can go before its last bytes were asked for,
-            // which costs the same). Keeping it until the reader was a part past it held
-            // one part per open file beyond what the stream needs: with 200
-            // open files and a 256 MiB budget, ~250 MiB of consumed data.
-            // Parts before such a part go with it: the reader has moved past a
-            // part it read whole (bytes a forward skip passed over in them are
-            // not waited for).
-            let keep_behind = st.window.max(initial).min(part_size);
-            let done = st
-                .parts
-                .iter()
-                .take_while(|p| p.end <= offset)
-                .enumerate()
-                .filter(|(_, p)| {
-                    p.delivered >= p.end - p.start || p.end.saturating_add(keep_behind) <= offset
-                })
-                .map(|(i, _)| i + 1)
-                .last()
-                .unwrap_or(0);
-            st.parts.drain(..done);
-            // The reader keeps up: it reached the second half of the window.
-            if end >= st.grow_at {
-                st.window = st.window.saturating_mul(2).min(self.window_cap());
-                st.grow_at = offset.saturating_add(st.window / 2);
-            }
+        if st.continues_stream(offset, end, initial) {
+            detached = self.fill_gap(&mut st, offset, end);
+            let keep_behind = st.window.max(initial).min(self.part_size());
+            st.trim_behind(offset, keep_behind);
+            st.grow(offset, end, self.window_cap());
         } else {
-            if coverage.is_some() {
-                metrics::counter!(m::PREFETCH_WINDOW_RESETS).increment(1);
-                tracing::debug!(
-                    offset,
-                    end,
-                    ?coverage,
-                    window = st.window,
-                    "read-ahead reset"
-                );
-            }
-            st.parts.clear();
-            st.window = initial;
-            st.grow_at = offset.saturating_add(initial / 2);
+            st.reset(offset, end, initial);
         }
+        self.schedule(&mut st, offset, end);
+        metrics::gauge!(m::PREFETCH_MEMORY_BYTES).set(self.budget.in_use() as f64);
+        st.wanted(detached.as_ref(), offset, end)
+    }
+
+    /// A late, reordered read in front of what is held: fetches the gap
+    /// between `offset` and the first part held (at most the tolerance), from
+    /// the budget, as parts put in front. Reservations first, GETs only once
+    /// the whole gap fits. Beyond the budget only the bytes this read asks for
+    /// are fetched, as a part of its own that is not kept (returned): what is
+    /// held stays contiguous and is not thrown away.
+    fn fill_gap(&self, st: &mut State, offset: u64, end: u64) -> Option<Part> {
+        let (a, _) = st.coverage()?;
+        let mut gap_end = a;
+        let mut gap = Vec::new();
+        while offset < gap_end {
+            let start = gap_end.saturating_sub(self.part_size()).max(offset);
+            let reservation = match self.budget.try_reserve(gap_end - start) {
+                Some(r) => r,
+                None if gap_end <= end => self.budget.reserve_demand(gap_end - start),
+                None => break,
+            };
+            gap.push((start, gap_end, reservation));
+            gap_end = start;
+        }
+        if offset < gap_end {
+            metrics::counter!(m::PREFETCH_BUDGET_REFUSALS).increment(1);
+            drop(gap);
+            let to = end.min(a);
+            return Some(self.spawn_get(offset, to, self.budget.reserve_demand(to - offset)));
+        }
+        for (start, end, reservation) in gap {
+            st.parts.push_front(self.spawn_get(start, end, reservation));
+        }
+        None
+    }
+
+    /// Sends the GETs that cover `[offset, end)` and the window after it, in
+    /// parts of at most `part_size`, each reserved from the budget, at most
+    /// `max_concurrent_gets` in flight. The bytes a read waits for are always
+    /// sent (beyond the budget as demand); read-ahead that does not fit
+    /// shrinks the window instead.
+    fn schedule(&self, st: &mut State, offset: u64, end: u64) {
+        let initial = self.initial();
+        let part_size = self.part_size();
         let target = end.max(offset + st.window).min(self.size);
         let mut next = st.parts.back().map_or(offset, |p| p.end);
         let max_gets = self.config.max_concurrent_gets.max(1);
-        let mut in_flight = st.parts.iter().filter(|p| !p.abort.is_finished()).count();
+        let mut in_flight = st.in_flight();
         while next < target {
             if in_flight >= max_gets {
                 if next >= end {
@@ -361,27 +382,6 @@ impl<S: ObjectStore> Reader<S> {
             st.parts.push_back(part);
             next = part_end;
         }
-        metrics::gauge!(m::PREFETCH_MEMORY_BYTES).set(self.budget.in_use() as f64);
-        debug_assert!(
-            st.parts
-                .iter()
-                .zip(st.parts.iter().skip(1))
-                .all(|(p, q)| p.end == q.start),
-            "parts are contiguous"
-        );
-        detached
-            .iter()
-            .map(|p| (p.start, p.data.clone(), p.held.clone()))
-            .chain(
-                st.parts
-                    .iter_mut()
-                    .filter(|p| p.start < end && p.end > offset)
-                    .map(|p| {
-                        p.delivered += end.min(p.end) - offset.max(p.start);
-                        (p.start, p.data.clone(), p.held.clone())
-                    }),
-            )
-            .collect()
     }
 
     fn spawn_get(&self, start: u64, end: u64, reservation: Reservation) -> Part {
@@ -390,109 +390,21 @@ impl<S: ObjectStore> Reader<S> {
         let etag = self.etag.clone();
         let cache = self.cache.clone();
         let size = self.size;
-        let held = Arc::new(Held {
-            result: OnceLock::new(),
-            _reservation: reservation,
-        });
-        let weak = Arc::downgrade(&held);
-        let task = tokio::spawn(async move {
-            let got = match cache {
+        Part::spawn(start, end, reservation, async move {
+            match cache {
                 Some(c) => c.get_range(&*store, &key, &etag, size, start..end).await,
                 None => store
                     .get_range(&key, start..end, &etag)
                     .await
                     .map(Segments::from),
-            };
-            if let Some(h) = weak.upgrade() {
-                let _ = h.result.set(got);
             }
-        });
-        let abort = task.abort_handle();
-        let data = async move {
-            task.await
-                .map_err(|e| StoreError::Other(format!("GET task ended: {e}")))
-        }
-        .boxed()
-        .shared();
-        Part {
-            start,
-            end,
-            data,
-            held,
-            abort,
-            delivered: 0,
-        }
+        })
     }
 }
 
 /// The largest power of two at most `x` (0 for 0).
 fn floor_pow2(x: u64) -> u64 {
     if x == 0 { 0 } else { 1 << x.ilog2() }
-}
-
-/// A read whose GETs are sent ([`Reader::begin_read`]): the parts covering
-/// `[offset, end)`.
-pub struct PendingRead {
-    offset: u64,
-    end: u64,
-    wanted: Vec<Wanted>,
-}
-
-impl PendingRead {
-    /// The bytes, when every part they come from is already here (no wait):
-    /// what a sequential reader finds most of the time, answered without a
-    /// hop to another thread. `None`: some part is still being fetched.
-    pub fn ready(&self) -> Option<Result<Bytes, StoreError>> {
-        let bytes = self.assemble()?;
-        if !self.wanted.is_empty() {
-            metrics::histogram!(m::READ_WAIT_SECONDS).record(0.0);
-        }
-        Some(bytes)
-    }
-
-    /// Waits for the parts and gives the bytes. Errors: the store's.
-    pub async fn finish(self) -> Result<Bytes, StoreError> {
-        let waited = Instant::now();
-        for (_, ended, _) in &self.wanted {
-            ended.clone().await?;
-        }
-        if !self.wanted.is_empty() {
-            metrics::histogram!(m::READ_WAIT_SECONDS).record(waited.elapsed().as_secs_f64());
-        }
-        self.assemble().unwrap_or_else(|| {
-            // The GET task ended (`ended` was Ok) without a result: only when
-            // the part was let go meanwhile, which a waiting read prevents.
-            Err(StoreError::Other("GET ended without its bytes".into()))
-        })
-    }
-
-    /// `[offset, end)` out of the parts (one slice, or one copy when the read
-    /// spans parts); the first failed part's error; `None` while a part's GET
-    /// has not ended.
-    fn assemble(&self) -> Option<Result<Bytes, StoreError>> {
-        let (offset, end) = (self.offset, self.end);
-        let mut chunks = Vec::with_capacity(self.wanted.len());
-        for (start, _, part) in &self.wanted {
-            let segs = match part.result.get()? {
-                Ok(segs) => segs,
-                Err(e) => return Some(Err(e.clone())),
-            };
-            let from = offset.max(*start) - start;
-            let to = (end.min(start + segs.len() as u64) - start).max(from);
-            chunks.push(segs.slice(from as usize, to as usize));
-        }
-        Some(Ok(match chunks.len() {
-            0 => Bytes::new(),
-            1 => chunks.pop().unwrap(),
-            _ => {
-                let mut buf = BytesMut::with_capacity((end - offset) as usize);
-                for c in chunks {
-                    buf.extend_from_slice(&c);
-                }
-                buf.freeze()
-            }
-        }))
-    }
 }
 
 #[cfg(test)]
@@ -516,6 +428,105 @@ mod tests {
 
     fn budget() -> MemoryBudget {
         MemoryBudget::new(1 << 20)
+    }
+
+    /// A part `[start, end)` whose GET has already ended with `ok` (zeros)
+    /// or an error.
+    async fn done_part(start: u64, end: u64, ok: bool) -> Part {
+        let p = Part::spawn(start, end, budget().reserve_demand(0), async move {
+            if ok {
+                Ok(Segments::from(Bytes::from(vec![
+                    0u8;
+                    (end - start) as usize
+                ])))
+            } else {
+                Err(StoreError::Transient("injected".into()))
+            }
+        });
+        while !p.is_finished() {
+            tokio::task::yield_now().await;
+        }
+        p
+    }
+
+    async fn state_with(parts: &[(u64, u64)], window: u64) -> State {
+        let mut st = State::new(window);
+        for &(a, b) in parts {
+            st.parts.push_back(done_part(a, b, true).await);
+        }
+        st
+    }
+
+    /// The stream continues within a tolerance of a window and of 4 reads
+    /// of the read's size, before or after what is held; nothing held is a
+    /// seek.
+    #[tokio::test]
+    async fn a_stream_continues_within_the_reorder_tolerance() {
+        let st = state_with(&[(1000, 2000)], 100).await;
+        // 100-byte reads: tolerance max(window 100, 4 x 100) = 400.
+        for (offset, yes) in [
+            (2000, true),
+            (2400, true),
+            (2401, false),
+            (600, true),
+            (599, false),
+        ] {
+            assert_eq!(
+                st.continues_stream(offset, offset + 100, 100),
+                yes,
+                "read at {offset}"
+            );
+        }
+        // A window wider than 4 reads widens it.
+        let wide = state_with(&[(1000, 2000)], 1000).await;
+        assert!(wide.continues_stream(3000, 3100, 100));
+        assert!(!State::new(100).continues_stream(0, 100, 100));
+    }
+
+    /// Parts read whole go at once with every part before them; a part read
+    /// in part goes only once the reader is `keep_behind` past its end.
+    #[tokio::test]
+    async fn consumed_parts_behind_the_reader_go() {
+        let mut st = state_with(&[(0, 100), (100, 200), (200, 300), (300, 400)], 100).await;
+        st.parts[1].delivered = 100; // [100, 200) read whole, [0, 100) not
+        st.trim_behind(250, 1000);
+        assert_eq!(st.coverage(), Some((200, 400)));
+        st.parts[0].delivered = 10; // [200, 300) read in part
+        st.trim_behind(350, 100);
+        assert_eq!(st.coverage(), Some((200, 400)), "50 bytes behind: kept");
+        st.trim_behind(400, 100);
+        assert_eq!(st.coverage(), Some((300, 400)), "100 bytes behind: gone");
+    }
+
+    /// The window doubles when a read reaches its second half, never past
+    /// the cap; a reset brings it back to the initial window and drops all.
+    #[tokio::test]
+    async fn the_window_grows_at_its_middle_and_resets_on_a_seek() {
+        let mut st = state_with(&[(0, 100)], 100).await;
+        st.grow_at = 50;
+        st.grow(0, 40, 1000);
+        assert_eq!(st.window, 100, "first half: no growth");
+        st.grow(40, 60, 1000);
+        assert_eq!((st.window, st.grow_at), (200, 140));
+        for i in 0..10 {
+            st.grow(i * 1000, i * 1000 + 1000, 1000);
+        }
+        assert_eq!(st.window, 1000, "capped");
+        st.reset(5000, 5100, 100);
+        assert_eq!((st.window, st.grow_at, st.coverage()), (100, 5050, None));
+    }
+
+    /// One failed part makes the reader drop everything it holds.
+    #[tokio::test]
+    async fn a_failed_part_drops_everything_held() {
+        let mut st = state_with(&[(0, 100)], 100).await;
+        st.parts.push_back(done_part(100, 200, false).await);
+        st.parts.push_back(done_part(200, 300, true).await);
+        st.drop_failed();
+        assert!(st.parts.is_empty());
+        let mut ok = state_with(&[(0, 100), (100, 200)], 100).await;
+        ok.drop_failed();
+        assert_eq!(ok.coverage(), Some((0, 200)));
     }
 
     #[tokio::test]
@@ -652,7 +663,7 @@ mod tests {
             reads += 1;
             let st = r.state.lock().unwrap();
             assert_eq!(st.window, 16_000);
-            let in_flight = st.parts.iter().filter(|p| !p.abort.is_finished()).count();
+            let in_flight = st.parts.iter().filter(|p| !p.is_finished()).count();
             assert!(in_flight <= 3, "{in_flight} GETs in flight at {off}");
         }
         assert!(reads >= 1, "parts done before the gate closed were served");

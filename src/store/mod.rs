@@ -8,12 +8,15 @@
 pub mod mem;
 pub mod pool;
 pub mod s3;
+pub mod segments;
 
 use std::future::Future;
 use std::ops::Range;
 use std::time::SystemTime;
 
 use bytes::Bytes;
+
+pub use segments::Segments;
 
 /// Maximum keys one ListObjectsV2 page returns (the S3 API limit, see
 /// "ListObjectsV2 - MaxKeys" in the Amazon S3 API reference).

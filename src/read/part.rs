@@ -1,0 +1,208 @@
+//! One ranged GET of read-ahead ([`Part`]) and a read waiting on parts
+//! ([`PendingRead`]): what the per-file [`super::Reader`] and the small-object
+//! prefetcher ([`super::small`]) share.
+
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+
+use super::budget::Reservation;
+use crate::store::{Segments, StoreError};
+use crate::telemetry::metrics as m;
+
+/// Resolves when a part's GET has ended: `Ok` once its bytes are in
+/// [`Held::result`], the error otherwise.
+pub(crate) type PartFuture = Shared<BoxFuture<'static, Result<(), StoreError>>>;
+
+/// What a read needs of one part: its first byte's offset, the future that
+/// resolves when its GET has ended, and the part's bytes.
+pub(crate) type Wanted = (u64, PartFuture, Arc<Held>);
+
+/// The bytes of one GET with their budget reservation: the reservation goes
+/// back only when the last holder of the part (the reader's list, or a read
+/// still waiting on or slicing it) lets go, not when the part leaves the
+/// reader's list while a read is still waiting on it. The GET's task holds it
+/// weakly, so a part nobody holds any more gives its reservation back at once,
+/// even before the cancelled task has been dropped.
+pub(crate) struct Held {
+    /// The GET's outcome, set by its task as soon as it ends. Unlike
+    /// [`Shared::peek`], which sees a result only once some reader has polled
+    /// the future, this shows a finished read-ahead part nobody has waited
+    /// for yet.
+    result: OnceLock<Result<Segments, StoreError>>,
+    _reservation: Reservation,
+}
+
+impl Held {
+    /// The GET's outcome, once it has ended.
+    pub(crate) fn result(&self) -> Option<&Result<Segments, StoreError>> {
+        self.result.get()
+    }
+}
+
+/// One ranged GET `[start, end)` of an object, in flight or done.
+pub(crate) struct Part {
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    data: PartFuture,
+    /// The part's bytes once its GET ends (before anyone awaits `data`).
+    held: Arc<Held>,
+    abort: tokio::task::AbortHandle,
+    /// Bytes of this part returned to readers so far.
+    pub(crate) delivered: u64,
+}
+
+impl Part {
+    /// Spawns `fetch` (the GET of `[start, end)`) on the runtime, holding
+    /// `reservation` with its bytes. Panics outside a tokio runtime context.
+    pub(crate) fn spawn<F>(start: u64, end: u64, reservation: Reservation, fetch: F) -> Part
+    where
+        F: Future<Output = Result<Segments, StoreError>> + Send + 'static,
+    {
+        let held = Arc::new(Held {
+            result: OnceLock::new(),
+            _reservation: reservation,
+        });
+        let weak = Arc::downgrade(&held);
+        let task = tokio::spawn(async move {
+            let got = fetch.await;
+            if let Some(h) = weak.upgrade() {
+                let _ = h.result.set(got);
+            }
+        });
+        let abort = task.abort_handle();
+        let data = async move {
+            task.await
+                .map_err(|e| StoreError::Other(format!("GET task ended: {e}")))
+        }
+        .boxed()
+        .shared();
+        Part {
+            start,
+            end,
+            data,
+            held,
+            abort,
+            delivered: 0,
+        }
+    }
+
+    /// The GET has ended (bytes or error are in).
+    pub(crate) fn is_finished(&self) -> bool {
+        self.abort.is_finished()
+    }
+
+    /// The GET ended with an error.
+    pub(crate) fn failed(&self) -> bool {
+        matches!(self.held.result(), Some(Err(_)))
+    }
+
+    /// What a read of this part waits on.
+    pub(crate) fn wanted(&self) -> Wanted {
+        (self.start, self.data.clone(), self.held.clone())
+    }
+
+    /// Counts `[from, to)` (clamped to the part) as handed to a reader and
+    /// gives what the read waits on.
+    pub(crate) fn deliver(&mut self, from: u64, to: u64) -> Wanted {
+        self.delivered += to.min(self.end).saturating_sub(from.max(self.start));
+        self.wanted()
+    }
+
+    /// Bytes of the part's finished GET, if it succeeded.
+    pub(crate) fn bytes(&self) -> Option<&Segments> {
+        self.held.result()?.as_ref().ok()
+    }
+}
+
+impl Drop for Part {
+    fn drop(&mut self) {
+        if self.data.strong_count().unwrap_or(0) <= 1 {
+            self.abort.abort();
+        }
+        if let Some(segs) = self.bytes() {
+            let unused = (segs.len() as u64).saturating_sub(self.delivered);
+            if unused > 0 {
+                metrics::counter!(m::PREFETCH_UNUSED_BYTES).increment(unused);
+            }
+        }
+    }
+}
+
+/// A read whose GETs are sent ([`super::Reader::begin_read`]): the parts
+/// covering `[offset, end)`.
+pub struct PendingRead {
+    offset: u64,
+    end: u64,
+    wanted: Vec<Wanted>,
+}
+
+impl PendingRead {
+    /// A read of `[offset, end)` out of `wanted` (in offset order, covering it).
+    pub(crate) fn new(offset: u64, end: u64, wanted: Vec<Wanted>) -> Self {
+        Self {
+            offset,
+            end,
+            wanted,
+        }
+    }
+
+    /// The bytes, when every part they come from is already here (no wait):
+    /// what a sequential reader finds most of the time, answered without a
+    /// hop to another thread. `None`: some part is still being fetched.
+    pub fn ready(&self) -> Option<Result<Bytes, StoreError>> {
+        let bytes = self.assemble()?;
+        if !self.wanted.is_empty() {
+            metrics::histogram!(m::READ_WAIT_SECONDS).record(0.0);
+        }
+        Some(bytes)
+    }
+
+    /// Waits for the parts and gives the bytes. Errors: the store's.
+    pub async fn finish(self) -> Result<Bytes, StoreError> {
+        let waited = Instant::now();
+        for (_, ended, _) in &self.wanted {
+            ended.clone().await?;
+        }
+        if !self.wanted.is_empty() {
+            metrics::histogram!(m::READ_WAIT_SECONDS).record(waited.elapsed().as_secs_f64());
+        }
+        self.assemble().unwrap_or_else(|| {
+            // The GET task ended (`ended` was Ok) without a result: only when
+            // the part was let go meanwhile, which a waiting read prevents.
+            Err(StoreError::Other("GET ended without its bytes".into()))
+        })
+    }
+
+    /// `[offset, end)` out of the parts (one slice, or one copy when the read
+    /// spans parts); the first failed part's error; `None` while a part's GET
+    /// has not ended.
+    fn assemble(&self) -> Option<Result<Bytes, StoreError>> {
+        let (offset, end) = (self.offset, self.end);
+        let mut chunks = Vec::with_capacity(self.wanted.len());
+        for (start, _, part) in &self.wanted {
+            let segs = match part.result()? {
+                Ok(segs) => segs,
+                Err(e) => return Some(Err(e.clone())),
+            };
+            let from = offset.max(*start) - start;
+            let to = (end.min(start + segs.len() as u64) - start).max(from);
+            chunks.push(segs.slice(from as usize, to as usize));
+        }
+        Some(Ok(match chunks.len() {
+            0 => Bytes::new(),
+            1 => chunks.pop().unwrap(),
+            _ => {
+                let mut buf = BytesMut::with_capacity((end - offset) as usize);
+                for c in chunks {
+                    buf.extend_from_slice(&c);
+                }
+                buf.freeze()
+            }
+        }))
+    }
+}
