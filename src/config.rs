@@ -90,6 +90,13 @@ const MAX_PART_SIZE: u64 = 5 << 30;
 /// than this only add connections (each GET holds one) without filling a link
 /// any better.
 const MAX_CONCURRENT_GETS: usize = 256;
+/// Upper bound of `read.small_max_in_flight`: past this many GETs at once a
+/// server throttles rather than answers faster.
+const MAX_SMALL_IN_FLIGHT: usize = 1024;
+/// Upper bound of `read.small_max_size`, bytes: an object fetched whole in
+/// one GET and held in memory until opened; past 64 MiB it is a shard, for
+/// the per-file read-ahead.
+const MAX_SMALL_SIZE: u64 = 64 << 20;
 
 impl Config {
     /// Parses TOML text. Unknown keys and wrong types are errors naming the key.
@@ -146,6 +153,37 @@ impl Config {
                 format!(
                     "below read.part_size ({}); accepted: at least one part",
                     r.part_size
+                ),
+            );
+        }
+        if !(1..=MAX_SMALL_IN_FLIGHT).contains(&r.small_max_in_flight) {
+            return bad(
+                "read.small_max_in_flight",
+                format!(
+                    "{}; accepted: 1 to {MAX_SMALL_IN_FLIGHT}",
+                    r.small_max_in_flight
+                ),
+            );
+        }
+        if r.small_max_size > MAX_SMALL_SIZE {
+            return bad(
+                "read.small_max_size",
+                format!(
+                    "{}; accepted: 0 (off) to {MAX_SMALL_SIZE} bytes",
+                    r.small_max_size
+                ),
+            );
+        }
+        if let Some(b) = r.small_budget
+            && b > 0
+            && b < r.small_max_size
+        {
+            return bad(
+                "read.small_budget",
+                format!(
+                    "below read.small_max_size ({}); accepted: 0 (no prefetch) or at \
+                     least one small object",
+                    r.small_max_size
                 ),
             );
         }

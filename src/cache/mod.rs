@@ -253,6 +253,28 @@ impl Cache {
         self.disk.backing(self.object_id(key, etag), size)
     }
 
+    /// Puts the whole object `key` at `etag` (`segs`, `size` bytes) into
+    /// both tiers, block by block, as a GET through [`Cache::get_range`]
+    /// would have (small-object read-ahead fetched it itself). A short
+    /// `segs` is not cached.
+    pub fn admit_object(self: &Arc<Self>, key: &str, etag: &str, size: u64, segs: &Segments) {
+        if segs.len() as u64 != size {
+            return;
+        }
+        let obj = self.object_id(key, etag);
+        for idx in 0..size.div_ceil(self.block_size) {
+            let from = idx * self.block_size;
+            let block = segs.slice(from as usize, (from + self.block_len(size, idx)) as usize);
+            let pk = PieceKey { obj, idx };
+            metrics::counter!(m::CACHE_MISSES).increment(1);
+            served(SRC_S3, block.len() as u64, None);
+            if let Some(mem) = &self.memory {
+                mem.insert(pk, block.clone());
+            }
+            self.disk.admit(pk, size, block);
+        }
+    }
+
     /// Reads `range` (bytes, end exclusive, within `size`) of `key` at `etag`
     /// through the cache. Errors: only the store's (a failing cache falls back
     /// to the store); [`StoreError::PreconditionFailed`] when the object changed.

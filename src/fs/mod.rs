@@ -18,6 +18,7 @@ pub use error::FsError;
 
 use crate::meta::names::{BadName, check_name};
 use crate::meta::{Attr, DirListing, EntryKind, Meta, MetaConfig, ROOT_INO};
+use crate::read::small::SmallPrefetch;
 use crate::read::{MemoryBudget, ReadConfig, Reader};
 use crate::store::ObjectStore;
 
@@ -110,20 +111,29 @@ struct DirHandle {
     listing: Arc<DirListing>,
 }
 
+/// An open file: its reader, and the directory prefix whose small objects
+/// its first read asks small-object read-ahead to fetch (taken by that read).
+struct OpenFile<S> {
+    reader: Arc<Reader<S>>,
+    prefetch_dir: Option<String>,
+}
+
 /// The file system.
 pub struct Fs<S> {
     store: Arc<S>,
-    meta: Meta<S>,
+    meta: Arc<Meta<S>>,
     read_config: ReadConfig,
     budget: MemoryBudget,
     cache: Option<Arc<Cache>>,
+    /// Small-object read-ahead; `None` when off (`read.small_max_size` 0).
+    small: Option<Arc<SmallPrefetch<S>>>,
     uid: u32,
     gid: u32,
     file_mode: u16,
     dir_mode: u16,
     /// Directory mtime: the mount time.
     mounted_at: SystemTime,
-    files: Mutex<HashMap<u64, Arc<Reader<S>>>>,
+    files: Mutex<HashMap<u64, OpenFile<S>>>,
     dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
     next_fh: AtomicU64,
 }
@@ -150,10 +160,12 @@ impl<S: ObjectStore> Fs<S> {
     ) -> Self {
         // SAFETY: getuid/getgid cannot fail and touch no memory.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let budget = MemoryBudget::new(read.budget_bytes());
         Self {
-            meta: Meta::new(store.clone(), meta, root_prefix),
+            meta: Arc::new(Meta::new(store.clone(), meta, root_prefix)),
+            small: SmallPrefetch::new(store.clone(), &read, budget.clone(), None),
             store,
-            budget: MemoryBudget::new(read.budget_bytes()),
+            budget,
             read_config: read,
             cache: None,
             uid: mount.uid.unwrap_or(uid),
@@ -169,8 +181,19 @@ impl<S: ObjectStore> Fs<S> {
 
     /// Reads go through the data cache `cache` (memory and disk tiers).
     pub fn with_cache(mut self, cache: Option<Arc<Cache>>) -> Self {
+        self.small = SmallPrefetch::new(
+            self.store.clone(),
+            &self.read_config,
+            self.budget.clone(),
+            cache.clone(),
+        );
         self.cache = cache;
         self
+    }
+
+    /// Small-object read-ahead, when on.
+    pub fn small_prefetch(&self) -> Option<&Arc<SmallPrefetch<S>>> {
+        self.small.as_ref()
     }
 
     /// The data cache, when one is configured.
@@ -335,24 +358,7 @@ impl<S: ObjectStore> Fs<S> {
             return Err(FsError::ReadOnly);
         }
         let attr = self.fresh_attr(ino).await?;
-        if attr.kind == EntryKind::Dir {
-            return Err(FsError::IsDir);
-        }
-        if self.meta.inodes.superseded(ino) {
-            // The object was overwritten: ESTALE makes the kernel look the
-            // name up again, which gives the new version's inode.
-            return Err(FsError::Superseded);
-        }
-        let keep_cache = self.meta.inodes.swap_cached_etag(ino, &attr.etag);
-        let reader = Reader::new(
-            self.store.clone(),
-            &attr.key,
-            &attr.etag,
-            attr.size,
-            self.read_config.clone(),
-            self.budget.clone(),
-        )
-        .with_cache(self.cache.clone());
+        self.check_open(ino, &attr)?;
         let backing = match &self.cache {
             Some(cache) if passthrough && attr.size > 0 => {
                 let (cache, key, etag) = (cache.clone(), attr.key.clone(), attr.etag.clone());
@@ -363,14 +369,86 @@ impl<S: ObjectStore> Fs<S> {
             }
             _ => None,
         };
+        Ok(self.open_file(ino, &attr, backing))
+    }
+
+    /// [`Fs::open`] without waiting on the network: `None` when the
+    /// attributes are older than the metadata TTL (the caller then awaits
+    /// `open`, which confirms them by a listing). A passthrough open may read
+    /// the cache's block map from local disk. Needs a tokio runtime context.
+    pub fn try_open_now(
+        &self,
+        ino: u64,
+        write: bool,
+        passthrough: bool,
+    ) -> Option<Result<Opened, FsError>> {
+        if write {
+            return Some(Err(FsError::ReadOnly));
+        }
+        let attr = match self.meta.inodes.get(ino) {
+            None => return Some(Err(FsError::NotFound)),
+            Some(a) if a.kind == EntryKind::Dir => return Some(Err(FsError::IsDir)),
+            Some(a) if a.validated.elapsed() < self.meta.config().ttl() => a,
+            Some(_) => return None,
+        };
+        if let Err(e) = self.check_open(ino, &attr) {
+            return Some(Err(e));
+        }
+        let backing = match &self.cache {
+            Some(cache) if passthrough && attr.size > 0 => {
+                cache.backing(&attr.key, &attr.etag, attr.size)
+            }
+            _ => None,
+        };
+        Some(Ok(self.open_file(ino, &attr, backing)))
+    }
+
+    /// Errors of an open of `ino` with fresh attributes `attr`: EISDIR, or
+    /// ESTALE when the object was overwritten (the kernel then looks the
+    /// name up again, which gives the new version's inode).
+    fn check_open(&self, ino: u64, attr: &Attr) -> Result<(), FsError> {
+        if attr.kind == EntryKind::Dir {
+            return Err(FsError::IsDir);
+        }
+        if self.meta.inodes.superseded(ino) {
+            return Err(FsError::Superseded);
+        }
+        Ok(())
+    }
+
+    /// Opens a file handle of `ino` at `attr`'s ETag; with `backing`, for
+    /// passthrough. A small object takes what small-object read-ahead
+    /// fetched of it.
+    fn open_file(&self, ino: u64, attr: &Attr, backing: Option<Backing>) -> Opened {
+        let keep_cache = self.meta.inodes.swap_cached_etag(ino, &attr.etag);
+        let mut reader = Reader::new(
+            self.store.clone(),
+            &attr.key,
+            &attr.etag,
+            attr.size,
+            self.read_config.clone(),
+            self.budget.clone(),
+        )
+        .with_cache(self.cache.clone());
+        let mut prefetch_dir = None;
+        if let Some(small) = self.small.as_ref().filter(|s| s.is_small(attr.size)) {
+            match small.take(&attr.key, &attr.etag, attr.size) {
+                Some(part) => reader = reader.with_whole_object(part),
+                None => prefetch_dir = Some(attr.parent_prefix.clone()),
+            }
+        }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.files.lock().unwrap().insert(fh, Arc::new(reader));
-        Ok(Opened {
+        let file = OpenFile {
+            reader: Arc::new(reader),
+            prefetch_dir,
+        };
+        self.files.lock().unwrap().insert(fh, file);
+        Opened {
             fh,
             keep_cache,
             size: attr.size,
             backing,
-        })
+        }
     }
 
     /// Reads up to `size` bytes at `offset`; empty at or past end of file.
@@ -388,14 +466,24 @@ impl<S: ObjectStore> Fs<S> {
         offset: u64,
         size: u32,
     ) -> Result<crate::read::part::PendingRead, FsError> {
-        let reader = self
-            .files
-            .lock()
-            .unwrap()
-            .get(&fh)
-            .cloned()
-            .ok_or(FsError::BadHandle)?;
-        Ok(reader.begin_read(offset, size))
+        let (reader, prefetch_dir) = {
+            let mut files = self.files.lock().unwrap();
+            let file = files.get_mut(&fh).ok_or(FsError::BadHandle)?;
+            (file.reader.clone(), file.prefetch_dir.take())
+        };
+        let pending = reader.begin_read(offset, size);
+        if let (Some(prefix), Some(small)) = (prefetch_dir, &self.small) {
+            // This small object is read through lakemount without having
+            // been prefetched: fetch its directory's others, from the
+            // listing the lookup cached (never a LIST of its own).
+            let (meta, small) = (self.meta.clone(), small.clone());
+            tokio::spawn(async move {
+                if let Some(listing) = meta.listing_if_cached(&prefix).await {
+                    small.missed(&prefix, listing).await;
+                }
+            });
+        }
+        Ok(pending)
     }
 
     /// Closes a file handle.

@@ -196,6 +196,12 @@ impl<S: ObjectStore> Meta<S> {
         }
     }
 
+    /// The listing of `prefix` when the cache holds it now, without asking
+    /// the store (`None` otherwise: not listed yet, expired, too large).
+    pub async fn listing_if_cached(&self, prefix: &str) -> Option<Listing> {
+        self.listings.get(prefix).await
+    }
+
     /// The cached (or now fetched and cached) listing of `prefix`; `None` when
     /// the directory holds more than `max_dir_entries` entries.
     async fn cached_listing(&self, prefix: &str) -> Result<Option<Listing>, StoreError> {

@@ -230,6 +230,15 @@ impl<S: ObjectStore> Reader<S> {
         self
     }
 
+    /// Starts the reader with `part`, a GET of the whole object at this
+    /// reader's ETag sent before the open (small-object read-ahead): reads
+    /// are answered from it.
+    pub(crate) fn with_whole_object(self, part: Part) -> Self {
+        debug_assert!(part.start == 0 && part.end == self.size);
+        self.state.lock().unwrap().parts.push_back(part);
+        self
+    }
+
     /// Object size in bytes as seen at open.
     pub fn size(&self) -> u64 {
         self.size

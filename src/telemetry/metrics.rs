@@ -21,6 +21,9 @@ pub const FUSE_READ_BYTES: &str = "lakemount_fuse_read_bytes_total";
 /// Counter: opens answered with FOPEN_DIRECT_IO (files of at least
 /// `read.direct_io_min_size` bytes): their reads bypass the page cache.
 pub const FUSE_DIRECT_IO_OPENS: &str = "lakemount_fuse_direct_io_opens_total";
+/// Counter: FUSE requests received, label `op` (lookup, getattr, open, read,
+/// flush, release, opendir, readdir, readdirplus, releasedir, forget, getxattr).
+pub const FUSE_REQUESTS: &str = "lakemount_fuse_requests_total";
 /// Counter: FUSE requests answered with an error, label `errno`.
 pub const FUSE_ERRORS: &str = "lakemount_fuse_errors_total";
 /// Counter: keys not shown because their name cannot be a POSIX path
@@ -37,6 +40,22 @@ pub const PREFETCH_BUDGET_REFUSALS: &str = "lakemount_prefetch_budget_refusals_t
 pub const PREFETCH_MEMORY_BYTES: &str = "lakemount_prefetch_memory_bytes";
 /// Histogram: time one FUSE read waited for S3 data, seconds (0 when prefetched).
 pub const READ_WAIT_SECONDS: &str = "lakemount_read_wait_seconds";
+
+/// Counter: small objects fetched whole by small-object read-ahead.
+pub const SMALL_PREFETCH_OBJECTS: &str = "lakemount_small_prefetch_objects_total";
+/// Counter: bytes of those objects.
+pub const SMALL_PREFETCH_BYTES: &str = "lakemount_small_prefetch_bytes_total";
+/// Counter: opens that found their object prefetched, label `state` (ready:
+/// its bytes were here; in_flight: its GET was under way and was shared).
+pub const SMALL_PREFETCH_HITS: &str = "lakemount_small_prefetch_hits_total";
+/// Counter: prefetched objects dropped unread, label `reason` (expired: not
+/// opened in time; changed: opened at another ETag; failed: the GET failed).
+/// Their bytes count in `lakemount_prefetch_unused_bytes_total`.
+pub const SMALL_PREFETCH_DROPPED: &str = "lakemount_small_prefetch_dropped_total";
+/// Gauge: small-object prefetch GETs in flight.
+pub const SMALL_PREFETCH_IN_FLIGHT: &str = "lakemount_small_prefetch_in_flight";
+/// Gauge: bytes of small objects prefetched (or being fetched) and not opened.
+pub const SMALL_PREFETCH_UNREAD_BYTES: &str = "lakemount_small_prefetch_unread_bytes";
 
 /// Counter: directory-listing cache lookups, label `result` (hit, miss).
 pub const META_LISTING_CACHE: &str = "lakemount_meta_listing_cache_total";

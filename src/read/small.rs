@@ -1,0 +1,466 @@
+//! Small-object read-ahead: a loader that opens one small object per sample
+//! with a few synchronous workers runs at (workers / first-byte latency), far
+//! below what the server can serve in parallel. When an open of a small
+//! object (at most [`ReadConfig::small_max_size`] bytes) finds nothing
+//! prefetched, the other small objects of its directory are fetched in the
+//! background, many GETs at once, each pinned to the ETag its listing showed,
+//! and held until they are opened ([`SmallPrefetch::take`]): the open then
+//! reads them with no GET of its own.
+//!
+//! Bounds and rules:
+//! - Bytes fetched but not opened yet ("unread") never exceed the
+//!   small-object budget ([`ReadConfig::small_budget_bytes`]), reserved from
+//!   the read-ahead [`MemoryBudget`] too. When it is full, fetching stops
+//!   until opens take objects: unread objects are never dropped to make room
+//!   for more prefetch, so a data set larger than the budget is not thrashed.
+//! - At most [`ReadConfig::small_max_in_flight`] prefetch GETs at once. An
+//!   open never waits in the prefetch queue: a queued object it opens leaves
+//!   the queue and is fetched by the open's own read; one in flight is shared.
+//! - Unread objects are held in memory only. With a data cache they are
+//!   written to it when opened, as an object read by its reader would be, so
+//!   prefetch does not change what the cache evicts.
+//! - An object held longer than [`UNREAD_TTL`] without being opened is
+//!   dropped and counted as waste.
+//! - A directory is scanned once per listing snapshot (the metadata TTL):
+//!   objects held, queued or wholly in the data cache are skipped.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use super::ReadConfig;
+use super::budget::MemoryBudget;
+use super::part::Part;
+use crate::cache::Cache;
+use crate::meta::{DirListing, EntryKind};
+use crate::store::{ObjectStore, Segments};
+use crate::telemetry::metrics as m;
+
+/// An object prefetched but not opened for this long is dropped (waste). 10
+/// minutes: a shuffled epoch over a directory's objects reads them within
+/// one epoch, and an epoch over a data set the budget holds takes minutes;
+/// memory of objects a loader never opens comes back.
+pub const UNREAD_TTL: Duration = Duration::from_secs(600);
+
+/// Directories remembered as scanned, and keys remembered as opened, at
+/// most; the older half is forgotten beyond it (about 100 bytes each).
+const MAX_REMEMBERED: usize = 1_000_000;
+
+/// One object to fetch: key, ETag from its listing, size in bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Candidate {
+    key: String,
+    etag: String,
+    size: u64,
+}
+
+/// A prefetched object, in flight or done.
+struct HeldObject {
+    etag: String,
+    size: u64,
+    part: Part,
+    since: Instant,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Prefetched objects not opened yet, by key.
+    held: HashMap<String, HeldObject>,
+    /// Keys of `held` in the order they were sent, with when (the oldest
+    /// first, for [`expire`]); stale pairs are skipped.
+    order: VecDeque<(Instant, String)>,
+    /// Bytes of `held` (in flight or done).
+    unread: u64,
+    /// Objects waiting for a prefetch GET, in scan order. A candidate whose
+    /// key has left `queued` (opened meanwhile) is skipped.
+    queue: VecDeque<Candidate>,
+    /// Keys waiting in `queue`.
+    queued: HashSet<String>,
+    /// Keys opened lately -> when: a later scan of their directory (a new
+    /// listing snapshot) does not fetch them again for [`UNREAD_TTL`], since
+    /// an epoch reads each object once.
+    opened: HashMap<String, Instant>,
+    /// Directory prefix -> when the listing it was scanned from was fetched.
+    scanned: HashMap<String, Instant>,
+    /// Prefetch GETs in flight.
+    in_flight: usize,
+}
+
+/// The small-object prefetcher of one mount. Cheap to share (`Arc`).
+pub struct SmallPrefetch<S> {
+    store: Arc<S>,
+    max_size: u64,
+    max_in_flight: usize,
+    unread_budget: u64,
+    budget: MemoryBudget,
+    cache: Option<Arc<Cache>>,
+    inner: Mutex<Inner>,
+    me: Weak<Self>,
+}
+
+impl<S: ObjectStore> SmallPrefetch<S> {
+    /// The prefetcher over `store` with the `[read]` settings, drawing memory
+    /// from `budget`; `None` when `read.small_max_size` is 0 (off).
+    pub fn new(
+        store: Arc<S>,
+        config: &ReadConfig,
+        budget: MemoryBudget,
+        cache: Option<Arc<Cache>>,
+    ) -> Option<Arc<Self>> {
+        if config.small_max_size == 0 || config.small_max_in_flight == 0 {
+            return None;
+        }
+        let unread_budget = config.small_budget_bytes(budget.total());
+        Some(Arc::new_cyclic(|me| Self {
+            store,
+            max_size: config.small_max_size,
+            max_in_flight: config.small_max_in_flight,
+            unread_budget,
+            budget,
+            cache,
+            inner: Mutex::new(Inner::default()),
+            me: me.clone(),
+        }))
+    }
+
+    /// Whether an object of `size` bytes is small enough to prefetch.
+    pub fn is_small(&self, size: u64) -> bool {
+        size > 0 && size <= self.max_size
+    }
+
+    /// An open of `key` at `etag` (`size` bytes): the prefetched GET of the
+    /// whole object when there is one at that ETag (done or in flight), for
+    /// the reader to read from. A queued object leaves the queue (the open's
+    /// own read fetches it); one held at another ETag is dropped. `None`
+    /// when nothing usable was prefetched.
+    pub(crate) fn take(&self, key: &str, etag: &str, size: u64) -> Option<Part> {
+        let mut inner = self.inner.lock().unwrap();
+        inner.queued.remove(key);
+        remember(&mut inner.opened, key, Instant::now());
+        let held = inner.held.remove(key);
+        if let Some(h) = &held {
+            inner.unread -= h.size;
+        }
+        drop(inner);
+        let held = held?;
+        self.pump();
+        let usable = held.etag == etag && held.size == size && !held.part.failed();
+        if !usable {
+            let label = if held.part.failed() {
+                "failed"
+            } else {
+                "changed"
+            };
+            metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => label).increment(1);
+            return None;
+        }
+        let state = if held.part.is_finished() {
+            "ready"
+        } else {
+            "in_flight"
+        };
+        metrics::counter!(m::SMALL_PREFETCH_HITS, "state" => state).increment(1);
+        if let Some(cache) = &self.cache {
+            // Written to the data cache once opened, as a reader's own GET
+            // would have been.
+            let (_, ended, bytes) = held.part.wanted();
+            let (cache, key, etag) = (cache.clone(), key.to_string(), etag.to_string());
+            tokio::spawn(async move {
+                if ended.await.is_ok()
+                    && let Some(Ok(segs)) = bytes.result()
+                {
+                    cache.admit_object(&key, &etag, size, segs);
+                }
+            });
+        }
+        Some(held.part)
+    }
+
+    /// A small object in directory `prefix` was read from S3 by its own
+    /// reader (nothing prefetched): queues the directory's other small
+    /// objects (`listing`), unless this listing snapshot was scanned already,
+    /// and starts fetching. Skipped: objects held, queued, opened lately or
+    /// wholly in the data cache.
+    pub async fn missed(&self, prefix: &str, listing: Arc<DirListing>) {
+        {
+            let mut inner = self.inner.lock().unwrap();
+            if inner.scanned.get(prefix) == Some(&listing.fetched) {
+                return;
+            }
+            let fetched = listing.fetched;
+            remember(&mut inner.scanned, prefix, fetched);
+        }
+        let candidates: Vec<Candidate> = listing
+            .entries
+            .iter()
+            .filter(|e| e.kind == EntryKind::File && self.is_small(e.size))
+            .map(|e| Candidate {
+                key: format!("{prefix}{}", e.name),
+                etag: e.etag.clone(),
+                size: e.size,
+            })
+            .collect();
+        // Objects wholly in the data cache need no GET (looking that up may
+        // read block maps from disk).
+        let candidates = match &self.cache {
+            Some(cache) => {
+                let cache = cache.clone();
+                tokio::task::spawn_blocking(move || {
+                    candidates
+                        .into_iter()
+                        .filter(|c| cache.cached_bytes(&c.key, &c.etag, c.size) < c.size)
+                        .collect()
+                })
+                .await
+                .unwrap_or_default()
+            }
+            None => candidates,
+        };
+        {
+            let mut inner = self.inner.lock().unwrap();
+            let now = Instant::now();
+            for c in candidates {
+                let opened_lately = inner
+                    .opened
+                    .get(&c.key)
+                    .is_some_and(|t| now.duration_since(*t) < UNREAD_TTL);
+                if !opened_lately
+                    && !inner.held.contains_key(&c.key)
+                    && inner.queued.insert(c.key.clone())
+                {
+                    inner.queue.push_back(c);
+                }
+            }
+        }
+        self.pump();
+    }
+
+    /// Sends queued GETs while fewer than `max_in_flight` are in flight and
+    /// the next object fits the unread budget (and the memory budget); drops
+    /// objects unread for [`UNREAD_TTL`] first.
+    fn pump(&self) {
+        let mut inner = self.inner.lock().unwrap();
+        let now = Instant::now();
+        // Dropped after the lock: dropping a part may cancel its GET.
+        let expired = expire(&mut inner, now);
+        while inner.in_flight < self.max_in_flight {
+            let Some(c) = inner.queue.front() else { break };
+            if !inner.queued.contains(&c.key) || inner.held.contains_key(&c.key) {
+                inner.queue.pop_front();
+                continue;
+            }
+            if inner.unread + c.size > self.unread_budget {
+                break;
+            }
+            let Some(reservation) = self.budget.try_reserve(c.size) else {
+                metrics::counter!(m::PREFETCH_BUDGET_REFUSALS).increment(1);
+                break;
+            };
+            let c = inner.queue.pop_front().expect("front exists");
+            inner.queued.remove(&c.key);
+            inner.in_flight += 1;
+            inner.unread += c.size;
+            metrics::gauge!(m::SMALL_PREFETCH_IN_FLIGHT).increment(1.0);
+            let ended = InFlight(self.me.clone());
+            let store = self.store.clone();
+            let (key, etag, size) = (c.key.clone(), c.etag.clone(), c.size);
+            let part = Part::spawn(0, size, reservation, async move {
+                let got = store.get_range(&key, 0..size, &etag).await;
+                if got.is_ok() {
+                    metrics::counter!(m::SMALL_PREFETCH_OBJECTS).increment(1);
+                    metrics::counter!(m::SMALL_PREFETCH_BYTES).increment(size);
+                }
+                drop(ended);
+                got.map(Segments::from)
+            });
+            inner.order.push_back((now, c.key.clone()));
+            inner.held.insert(
+                c.key,
+                HeldObject {
+                    etag: c.etag,
+                    size: c.size,
+                    part,
+                    since: now,
+                },
+            );
+        }
+        metrics::gauge!(m::SMALL_PREFETCH_UNREAD_BYTES).set(inner.unread as f64);
+        drop(inner);
+        drop(expired);
+    }
+
+    /// Bytes fetched (or being fetched) and not opened yet.
+    pub fn unread_bytes(&self) -> u64 {
+        self.inner.lock().unwrap().unread
+    }
+
+    /// Objects waiting for a prefetch GET.
+    pub fn queued(&self) -> usize {
+        self.inner.lock().unwrap().queue.len()
+    }
+}
+
+/// Ends one prefetch GET when dropped (its task finished or was cancelled):
+/// one fewer in flight, and the next queued GETs are sent.
+struct InFlight<S: ObjectStore>(Weak<SmallPrefetch<S>>);
+
+impl<S: ObjectStore> Drop for InFlight<S> {
+    fn drop(&mut self) {
+        metrics::gauge!(m::SMALL_PREFETCH_IN_FLIGHT).decrement(1.0);
+        if let Some(me) = self.0.upgrade() {
+            me.inner.lock().unwrap().in_flight -= 1;
+            me.pump();
+        }
+    }
+}
+
+/// Removes held objects sent at or before `now - UNREAD_TTL` and returns
+/// them (counted as dropped; their bytes as unused read-ahead).
+fn expire(inner: &mut Inner, now: Instant) -> Vec<HeldObject> {
+    let mut out = Vec::new();
+    while let Some((since, key)) = inner.order.front() {
+        let current = inner.held.get(key).is_some_and(|h| h.since == *since);
+        if current && now.duration_since(*since) < UNREAD_TTL {
+            break;
+        }
+        if current && let Some(h) = inner.held.remove(key) {
+            inner.unread -= h.size;
+            metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => "expired").increment(1);
+            out.push(h);
+        }
+        inner.order.pop_front();
+    }
+    out
+}
+
+/// Records `key` -> `t` in a map of at most [`MAX_REMEMBERED`] entries (the
+/// older half goes when it is full).
+fn remember(map: &mut HashMap<String, Instant>, key: &str, t: Instant) {
+    if map.len() >= MAX_REMEMBERED && !map.contains_key(key) {
+        let mut times: Vec<Instant> = map.values().copied().collect();
+        times.sort_unstable();
+        let cut = times[times.len() / 2];
+        map.retain(|_, v| *v > cut);
+    }
+    map.insert(key.to_string(), t);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::ListedEntry;
+    use crate::store::mem::MemStore;
+    use std::sync::atomic::Ordering;
+
+    /// `n` objects `d/k{i}` of `size` bytes in `store`, and their listing.
+    fn dir(store: &MemStore, n: usize, size: usize) -> Arc<DirListing> {
+        let entries = (0..n)
+            .map(|i| {
+                let etag = store.put(&format!("d/k{i:03}"), vec![i as u8; size]);
+                ListedEntry {
+                    name: format!("k{i:03}"),
+                    kind: EntryKind::File,
+                    size: size as u64,
+                    etag,
+                    mtime: None,
+                }
+            })
+            .collect();
+        Arc::new(DirListing {
+            entries,
+            fetched: Instant::now(),
+        })
+    }
+
+    fn prefetcher(
+        store: &Arc<MemStore>,
+        budget: u64,
+        in_flight: usize,
+    ) -> Arc<SmallPrefetch<MemStore>> {
+        let c = ReadConfig {
+            small_max_size: 1000,
+            small_max_in_flight: in_flight,
+            small_budget: Some(budget),
+            ..ReadConfig::default()
+        };
+        SmallPrefetch::new(store.clone(), &c, MemoryBudget::new(1 << 20), None).unwrap()
+    }
+
+    async fn settle(p: &SmallPrefetch<MemStore>) {
+        for _ in 0..1000 {
+            if p.inner.lock().unwrap().in_flight == 0 {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("prefetch GETs did not end");
+    }
+
+    /// A scan fetches the directory's others up to the unread budget and
+    /// stops; each take frees room for the next; a taken object's bytes are
+    /// the object's, at the listed ETag; a second scan of the same listing
+    /// does nothing.
+    #[tokio::test]
+    async fn the_budget_stops_prefetch_and_takes_resume_it() {
+        let store = Arc::new(MemStore::default());
+        let listing = dir(&store, 10, 100);
+        let p = prefetcher(&store, 300, 64);
+        p.take("d/k000", &listing.entries[0].etag, 100);
+        p.missed("d/", listing.clone()).await;
+        settle(&p).await;
+        assert_eq!(store.gets.load(Ordering::Relaxed), 3, "300 bytes of 100");
+        assert_eq!((p.unread_bytes(), p.queued()), (300, 6));
+        p.missed("d/", listing.clone()).await;
+        assert_eq!(p.queued(), 6, "same listing: not queued again");
+        let part = p.take("d/k001", &listing.entries[1].etag, 100).unwrap();
+        assert_eq!(&part.bytes().unwrap().slice(0, 100)[..], &[1u8; 100][..]);
+        settle(&p).await;
+        assert_eq!(
+            store.gets.load(Ordering::Relaxed),
+            4,
+            "one freed slot, one GET"
+        );
+        assert_eq!(p.unread_bytes(), 300);
+    }
+
+    /// An open of a queued object takes it out of the queue (its own read
+    /// fetches it, no prefetch GET follows); an object held at another ETag
+    /// is dropped, not given out.
+    #[tokio::test]
+    async fn queued_objects_leave_the_queue_and_changed_ones_are_dropped() {
+        let store = Arc::new(MemStore::default());
+        let listing = dir(&store, 5, 100);
+        let p = prefetcher(&store, 1000, 1);
+        p.take("d/k000", &listing.entries[0].etag, 100);
+        p.missed("d/", listing.clone()).await;
+        // One in flight (k001), k002..k004 queued.
+        assert!(p.take("d/k003", &listing.entries[3].etag, 100).is_none());
+        settle(&p).await;
+        assert!(p.take("d/k001", "\"other\"", 100).is_none(), "changed ETag");
+        settle(&p).await;
+        let fetched: Vec<String> = {
+            let inner = p.inner.lock().unwrap();
+            let mut k: Vec<String> = inner.held.keys().cloned().collect();
+            k.sort();
+            k
+        };
+        assert_eq!(fetched, ["d/k002", "d/k004"], "k003 never fetched");
+        assert_eq!(store.gets.load(Ordering::Relaxed), 3);
+    }
+
+    /// Objects held past UNREAD_TTL are dropped with their bytes; younger
+    /// ones stay.
+    #[tokio::test]
+    async fn unread_objects_expire() {
+        let store = Arc::new(MemStore::default());
+        let listing = dir(&store, 3, 100);
+        let p = prefetcher(&store, 1000, 64);
+        p.missed("d/", listing).await;
+        settle(&p).await;
+        let mut inner = p.inner.lock().unwrap();
+        assert!(expire(&mut inner, Instant::now()).is_empty());
+        let later = Instant::now() + UNREAD_TTL;
+        assert_eq!(expire(&mut inner, later).len(), 3);
+        assert_eq!((inner.unread, inner.held.len()), (0, 0));
+    }
+}

@@ -1,0 +1,244 @@
+//! Small-object read-ahead through a real mount: a read of one small object
+//! fetches its directory's others, which are then read with no GET of their
+//! own; an object changed before it is opened is never served from the old
+//! prefetch; the unread-bytes budget holds and stops prefetch when full; a
+//! read waiting on S3 is never queued behind prefetch GETs.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// `n` objects `dir/f-NNN` of 4-12 KiB; returns (key, bytes).
+fn small_files(
+    srv: &lakemount_testserver::TestServer,
+    b: &str,
+    dir: &str,
+    n: usize,
+) -> Vec<(String, Vec<u8>)> {
+    (0..n)
+        .map(|i| {
+            let key = format!("{dir}/f-{i:03}");
+            let d = data(4096 + (i * 797) % 8192, i as u64 + 1);
+            srv.put(b, &key, d.clone());
+            (key, d)
+        })
+        .collect()
+}
+
+/// The sum of every line of metric `name` in `body`, whatever its labels.
+fn metric_sum(body: &str, name: &str) -> f64 {
+    body.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn gets(srv: &lakemount_testserver::TestServer) -> u64 {
+    srv.request_count("GetObject")
+}
+
+fn wait_gets(srv: &lakemount_testserver::TestServer, want: u64, m: &Mount) {
+    if wait_for(Duration::from_secs(10), || gets(srv) >= want).is_none() {
+        panic!("{} GETs, expected {want}:\n{}", gets(srv), m.log());
+    }
+}
+
+/// One read of a small object prefetches its directory's others; reading
+/// them then sends no GET, with and without a data cache, and every byte is
+/// right. With a cache, a second mount reads them all from it.
+#[test]
+fn prefetched_objects_are_read_with_no_further_get() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "smallpf");
+    let files = small_files(&srv, &b, "train", 40);
+    let dir = TempDir::new("smallpf-cache");
+    let cache = dir.0.join("c");
+    for with_cache in [false, true] {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut spec = MountSpec::new(&b)
+            .server(&srv)
+            .args(&["--metrics-addr", &addr]);
+        if with_cache {
+            spec = spec.args(&["--cache-dir", cache.to_str().unwrap()]);
+        }
+        let m = spec.mount();
+        srv.reset_counts();
+        assert!(std::fs::read(m.p(&files[7].0)).unwrap() == files[7].1);
+        // The read's own GET, then one GET for each of the 39 others.
+        let fetched = || metric(&scrape(&addr), "lakemount_small_prefetch_objects_total");
+        wait_for(Duration::from_secs(10), || fetched() >= 39.0);
+        assert_eq!(fetched(), 39.0, "{}", m.log());
+        assert_eq!(gets(&srv), 40);
+        srv.reset_counts();
+        for (k, d) in &files {
+            assert!(std::fs::read(m.p(k)).unwrap() == *d, "{k} differs");
+        }
+        assert_eq!(
+            gets(&srv),
+            0,
+            "prefetched objects were fetched again:\n{}",
+            m.log()
+        );
+        let body = scrape(&addr);
+        assert_eq!(
+            metric_sum(&body, "lakemount_small_prefetch_hits_total"),
+            39.0,
+            "{body}"
+        );
+        assert_eq!(metric(&body, "lakemount_small_prefetch_unread_bytes"), 0.0);
+        drop(m);
+    }
+    // Every object went into the cache when it was opened: a fresh mount
+    // over the same cache reads them with no GET and prefetches nothing.
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .args(&["--cache-dir", cache.to_str().unwrap()])
+        .mount();
+    srv.reset_counts();
+    for (k, d) in &files {
+        assert!(std::fs::read(m.p(k)).unwrap() == *d, "epoch 2: {k} differs");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(gets(&srv), 0, "{}", m.log());
+}
+
+/// An object overwritten in S3 after it was prefetched is read at its new
+/// version once the metadata TTL has passed: the prefetched bytes are pinned
+/// to the ETag the listing showed, and an open at another ETag drops them.
+#[test]
+fn a_prefetched_object_overwritten_before_it_is_read_is_never_served_stale() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "smallstale");
+    let files = small_files(&srv, &b, "d", 10);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .config("[metadata]\nttl_secs = 0.5\n")
+        .args(&["--metrics-addr", &addr])
+        .mount();
+    srv.reset_counts();
+    assert!(std::fs::read(m.p(&files[0].0)).unwrap() == files[0].1);
+    wait_gets(&srv, 10, &m);
+    let new = data(6000, 999);
+    srv.put(&b, &files[5].0, new.clone());
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(
+        std::fs::read(m.p(&files[5].0)).unwrap() == new,
+        "old bytes served after an overwrite:\n{}",
+        m.log()
+    );
+    let body = scrape(&addr);
+    assert_eq!(
+        metric(
+            &body,
+            "lakemount_small_prefetch_dropped_total{reason=\"changed\"}"
+        ),
+        1.0,
+        "{body}"
+    );
+    // The others are still served from prefetch, at their unchanged ETags.
+    for (k, d) in files.iter().filter(|(k, _)| *k != files[5].0) {
+        assert!(std::fs::read(m.p(k)).unwrap() == *d, "{k} differs");
+    }
+}
+
+/// A shuffled reader over several directories: the bytes prefetched and not
+/// yet opened never exceed `read.small_budget`; prefetch stops when the
+/// budget is full of unread objects and goes on as they are opened; every
+/// byte is right.
+#[test]
+fn the_unread_budget_holds_and_stops_prefetch_when_full() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "smallbudget");
+    let mut files = Vec::new();
+    for d in 0..4 {
+        files.extend(small_files(&srv, &b, &format!("c{d}"), 30));
+    }
+    let budget = 64 << 10;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .config(&format!(
+            "[read]\nsmall_max_size = 16384\nsmall_budget = {budget}\n"
+        ))
+        .args(&["--metrics-addr", &addr])
+        .mount();
+    // List every directory first (the lookups cache the listings).
+    for d in 0..4 {
+        assert_eq!(names(&m.p(&format!("c{d}"))).len(), 30);
+    }
+    srv.reset_counts();
+    assert!(std::fs::read(m.p(&files[0].0)).unwrap() == files[0].1);
+    // 64 KiB of 4-12 KiB objects: a handful are fetched, then prefetch stops.
+    std::thread::sleep(Duration::from_millis(500));
+    let first = gets(&srv);
+    assert!((2..30).contains(&first), "{first} GETs:\n{}", m.log());
+    let unread = metric(&scrape(&addr), "lakemount_small_prefetch_unread_bytes");
+    assert!(unread > 0.0 && unread <= budget as f64, "unread {unread}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(gets(&srv), first, "prefetch went on with the budget full");
+    // Shuffled order (a fixed permutation), checking the bound throughout.
+    let mut order: Vec<usize> = (1..files.len()).collect();
+    let mut x = 12345u64;
+    for i in (1..order.len()).rev() {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        order.swap(i, (x >> 33) as usize % (i + 1));
+    }
+    for (n, i) in order.into_iter().enumerate() {
+        let (k, d) = &files[i];
+        assert!(std::fs::read(m.p(k)).unwrap() == *d, "{k} differs");
+        if n % 10 == 0 {
+            let unread = metric(&scrape(&addr), "lakemount_small_prefetch_unread_bytes");
+            assert!(unread <= budget as f64, "unread {unread} > {budget}");
+        }
+    }
+    let body = scrape(&addr);
+    assert!(
+        metric_sum(&body, "lakemount_small_prefetch_hits_total") >= 10.0,
+        "prefetch never resumed:\n{body}"
+    );
+    // No object was fetched twice: reads + prefetches = one GET per object.
+    assert!(gets(&srv) <= files.len() as u64, "{} GETs", gets(&srv));
+}
+
+/// With every prefetch GET stalled on the server, a read of an object that
+/// is still queued for prefetch sends its own GET at once and is answered.
+#[test]
+fn a_waiting_read_is_not_queued_behind_prefetch() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "smallprio");
+    let d0 = data(5000, 1);
+    srv.put(&b, "d/0-first", d0.clone());
+    for i in 0..20 {
+        srv.put(&b, &format!("d/1-slow-{i:02}"), data(5000, 10 + i));
+    }
+    let last = data(5000, 2);
+    srv.put(&b, "d/2-last", last.clone());
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .config("[read]\nsmall_max_in_flight = 4\n")
+        .mount();
+    assert_eq!(names(&m.p("d")).len(), 22);
+    let stall = Duration::from_secs(6);
+    srv.set_delay("GetObject", "d/1-slow", stall);
+    srv.reset_counts();
+    assert!(std::fs::read(m.p("d/0-first")).unwrap() == d0);
+    // Four prefetch GETs are stalled; "d/2-last" waits in the queue.
+    wait_gets(&srv, 5, &m);
+    let t = Instant::now();
+    assert!(std::fs::read(m.p("d/2-last")).unwrap() == last);
+    let took = t.elapsed();
+    srv.set_delay("GetObject", "d/1-slow", Duration::ZERO);
+    assert!(
+        took < stall / 2,
+        "the read waited {took:?} behind stalled prefetch GETs:\n{}",
+        m.log()
+    );
+}
