@@ -242,3 +242,55 @@ fn a_waiting_read_is_not_queued_behind_prefetch() {
         m.log()
     );
 }
+
+/// FUSE round trips of a small file read again (epoch 2, nothing changed):
+/// one open and one release each; no lookup, getattr or read (entries,
+/// attributes and pages are kept for the metadata TTL), and no flush after
+/// the first close (ENOSYS turns flushes off for the mount).
+#[test]
+fn a_small_file_read_again_costs_an_open_and_a_release() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "smallrt");
+    let files = small_files(&srv, &b, "e", 20);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .args(&["--metrics-addr", &addr])
+        .mount();
+    for (k, d) in &files {
+        assert!(std::fs::read(m.p(k)).unwrap() == *d, "epoch 1: {k} differs");
+    }
+    let op = |body: &str, op: &str| {
+        metric(
+            body,
+            &format!("lakemount_fuse_requests_total{{op=\"{op}\"}}"),
+        )
+    };
+    // Releases arrive after close returns: wait for the last one.
+    wait_for(Duration::from_secs(5), || {
+        op(&scrape(&addr), "release") >= 20.0
+    });
+    let before = scrape(&addr);
+    assert!(op(&before, "flush") <= 1.0, "{before}");
+    for (k, d) in &files {
+        assert!(std::fs::read(m.p(k)).unwrap() == *d, "epoch 2: {k} differs");
+    }
+    wait_for(Duration::from_secs(5), || {
+        op(&scrape(&addr), "release") >= 40.0
+    });
+    let after = scrape(&addr);
+    for (name, want) in [
+        ("open", 20.0),
+        ("release", 20.0),
+        ("flush", 0.0),
+        ("lookup", 0.0),
+        ("getattr", 0.0),
+        ("read", 0.0),
+    ] {
+        assert_eq!(
+            op(&after, name) - op(&before, name),
+            want,
+            "FUSE {name} requests in epoch 2:\n{after}"
+        );
+    }
+}
