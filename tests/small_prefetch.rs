@@ -294,3 +294,41 @@ fn a_small_file_read_again_costs_an_open_and_a_release() {
         );
     }
 }
+
+/// Without a data cache, once the page cache has let go of an epoch's
+/// files, the next epoch reads them from S3 again: its first read of an
+/// object already read starts a new round, and the directory is prefetched
+/// again (one GET per object per epoch, no more).
+#[test]
+fn the_next_epoch_without_a_cache_is_prefetched_again() {
+    use std::os::fd::AsRawFd;
+    let srv = private_server();
+    let b = bucket_on(&srv, "smallround");
+    let files = small_files(&srv, &b, "r", 30);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .args(&["--metrics-addr", &addr])
+        .mount();
+    let hits = || metric_sum(&scrape(&addr), "lakemount_small_prefetch_hits_total");
+    srv.reset_counts();
+    for (k, d) in &files {
+        assert!(std::fs::read(m.p(k)).unwrap() == *d, "epoch 1: {k} differs");
+    }
+    assert_eq!(gets(&srv), 30);
+    let epoch1_hits = hits();
+    assert!(epoch1_hits >= 25.0, "epoch 1: {epoch1_hits} prefetch hits");
+    for (k, _) in &files {
+        let f = std::fs::File::open(m.p(k)).unwrap();
+        // SAFETY: a valid open descriptor; DONTNEED only drops clean pages.
+        let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(r, 0);
+    }
+    srv.reset_counts();
+    for (k, d) in &files {
+        assert!(std::fs::read(m.p(k)).unwrap() == *d, "epoch 2: {k} differs");
+    }
+    assert_eq!(gets(&srv), 30, "{}", m.log());
+    let epoch2_hits = hits() - epoch1_hits;
+    assert!(epoch2_hits >= 25.0, "epoch 2: {epoch2_hits} prefetch hits");
+}

@@ -18,7 +18,7 @@ pub use error::FsError;
 
 use crate::meta::names::{BadName, check_name};
 use crate::meta::{Attr, DirListing, EntryKind, Meta, MetaConfig, ROOT_INO};
-use crate::read::small::SmallPrefetch;
+use crate::read::small::{SmallPrefetch, Taken};
 use crate::read::{MemoryBudget, ReadConfig, Reader};
 use crate::store::ObjectStore;
 
@@ -111,12 +111,16 @@ struct DirHandle {
     listing: Arc<DirListing>,
 }
 
-/// An open file: its reader, and the directory prefix whose small objects
-/// its first read asks small-object read-ahead to fetch (taken by that read).
+/// An open file: its reader, and for a small object that was not
+/// prefetched its key and when it was opened before: its first read asks
+/// small-object read-ahead for the rest of its directory (taken by that read).
 struct OpenFile<S> {
     reader: Arc<Reader<S>>,
-    prefetch_dir: Option<String>,
+    prefetch_dir: Option<PrefetchMiss>,
 }
+
+/// A small object read without prefetch: key, directory prefix, previous open.
+type PrefetchMiss = (String, String, Option<std::time::Instant>);
 
 /// The file system.
 pub struct Fs<S> {
@@ -433,8 +437,10 @@ impl<S: ObjectStore> Fs<S> {
         let mut prefetch_dir = None;
         if let Some(small) = self.small.as_ref().filter(|s| s.is_small(attr.size)) {
             match small.take(&attr.key, &attr.etag, attr.size) {
-                Some(part) => reader = reader.with_whole_object(part),
-                None => prefetch_dir = Some(attr.parent_prefix.clone()),
+                Taken::Prefetched(part) => reader = reader.with_whole_object(part),
+                Taken::Missed(before) => {
+                    prefetch_dir = Some((attr.key.clone(), attr.parent_prefix.clone(), before))
+                }
             }
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
@@ -472,14 +478,14 @@ impl<S: ObjectStore> Fs<S> {
             (file.reader.clone(), file.prefetch_dir.take())
         };
         let pending = reader.begin_read(offset, size);
-        if let (Some(prefix), Some(small)) = (prefetch_dir, &self.small) {
+        if let (Some((key, prefix, before)), Some(small)) = (prefetch_dir, &self.small) {
             // This small object is read through lakemount without having
             // been prefetched: fetch its directory's others, from the
             // listing the lookup cached (never a LIST of its own).
             let (meta, small) = (self.meta.clone(), small.clone());
             tokio::spawn(async move {
                 if let Some(listing) = meta.listing_if_cached(&prefix).await {
-                    small.missed(&prefix, listing).await;
+                    small.missed(&key, &prefix, listing, before).await;
                 }
             });
         }

@@ -21,8 +21,12 @@
 //!   prefetch does not change what the cache evicts.
 //! - An object held longer than [`UNREAD_TTL`] without being opened is
 //!   dropped and counted as waste.
-//! - A directory is scanned once per listing snapshot (the metadata TTL):
-//!   objects held, queued or wholly in the data cache are skipped.
+//! - A directory is scanned once per listing snapshot (the metadata TTL) and
+//!   per round of reads over it: objects held, queued, opened in the current
+//!   round or wholly in the data cache are skipped. A round starts with the
+//!   first scan, and again when an object opened in the current round is
+//!   read from S3 once more (its page cache is gone and it is read anew: the
+//!   next epoch without a data cache), so that epoch is prefetched too.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
@@ -54,6 +58,23 @@ struct Candidate {
     size: u64,
 }
 
+/// The last scan of one directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Scan {
+    /// When the listing it scanned was fetched.
+    listing: Instant,
+    /// When the current round of reads over the directory began.
+    round: Instant,
+}
+
+/// What [`SmallPrefetch::take`] found for an open.
+pub(crate) enum Taken {
+    /// The object's prefetched GET (done or in flight), at the open's ETag.
+    Prefetched(Part),
+    /// Nothing usable; when the object was opened before, when that was.
+    Missed(Option<Instant>),
+}
+
 /// A prefetched object, in flight or done.
 struct HeldObject {
     etag: String,
@@ -76,12 +97,11 @@ struct Inner {
     queue: VecDeque<Candidate>,
     /// Keys waiting in `queue`.
     queued: HashSet<String>,
-    /// Keys opened lately -> when: a later scan of their directory (a new
-    /// listing snapshot) does not fetch them again for [`UNREAD_TTL`], since
-    /// an epoch reads each object once.
+    /// Key -> when it was last opened: a scan skips objects opened in the
+    /// current round of its directory, since an epoch reads each once.
     opened: HashMap<String, Instant>,
-    /// Directory prefix -> when the listing it was scanned from was fetched.
-    scanned: HashMap<String, Instant>,
+    /// Directory prefix -> its last scan.
+    scanned: HashMap<String, Scan>,
     /// Prefetch GETs in flight.
     in_flight: usize,
 }
@@ -131,18 +151,19 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// An open of `key` at `etag` (`size` bytes): the prefetched GET of the
     /// whole object when there is one at that ETag (done or in flight), for
     /// the reader to read from. A queued object leaves the queue (the open's
-    /// own read fetches it); one held at another ETag is dropped. `None`
-    /// when nothing usable was prefetched.
-    pub(crate) fn take(&self, key: &str, etag: &str, size: u64) -> Option<Part> {
+    /// own read fetches it); one held at another ETag is dropped.
+    pub(crate) fn take(&self, key: &str, etag: &str, size: u64) -> Taken {
         let mut inner = self.inner.lock().unwrap();
         inner.queued.remove(key);
-        remember(&mut inner.opened, key, Instant::now());
+        let before = remember(&mut inner.opened, key, Instant::now());
         let held = inner.held.remove(key);
         if let Some(h) = &held {
             inner.unread -= h.size;
         }
         drop(inner);
-        let held = held?;
+        let Some(held) = held else {
+            return Taken::Missed(before);
+        };
         self.pump();
         let usable = held.etag == etag && held.size == size && !held.part.failed();
         if !usable {
@@ -152,7 +173,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                 "changed"
             };
             metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => label).increment(1);
-            return None;
+            return Taken::Missed(before);
         }
         let state = if held.part.is_finished() {
             "ready"
@@ -173,23 +194,45 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                 }
             });
         }
-        Some(held.part)
+        Taken::Prefetched(held.part)
     }
 
-    /// A small object in directory `prefix` was read from S3 by its own
-    /// reader (nothing prefetched): queues the directory's other small
-    /// objects (`listing`), unless this listing snapshot was scanned already,
-    /// and starts fetching. Skipped: objects held, queued, opened lately or
-    /// wholly in the data cache.
-    pub async fn missed(&self, prefix: &str, listing: Arc<DirListing>) {
-        {
+    /// Small object `key` in directory `prefix` was read through lakemount
+    /// with nothing prefetched (`opened_before`: its previous open, from
+    /// [`Taken::Missed`]): queues the directory's other small objects
+    /// (`listing`) and starts fetching, unless this listing snapshot was
+    /// scanned already in the current round. Skipped: objects held, queued,
+    /// opened in the current round or wholly in the data cache. A new round
+    /// starts at `key`'s open, so `key` is not fetched again.
+    pub async fn missed(
+        &self,
+        key: &str,
+        prefix: &str,
+        listing: Arc<DirListing>,
+        opened_before: Option<Instant>,
+    ) {
+        let round = {
             let mut inner = self.inner.lock().unwrap();
-            if inner.scanned.get(prefix) == Some(&listing.fetched) {
-                return;
-            }
-            let fetched = listing.fetched;
-            remember(&mut inner.scanned, prefix, fetched);
-        }
+            let now = inner.opened.get(key).copied().unwrap_or_else(Instant::now);
+            let scan = match inner.scanned.get(prefix).copied() {
+                // Read again in this round: the next round (epoch) began.
+                Some(s) if opened_before.is_some_and(|t| t >= s.round) => Scan {
+                    listing: listing.fetched,
+                    round: now,
+                },
+                Some(s) if s.listing == listing.fetched => return,
+                Some(s) => Scan {
+                    listing: listing.fetched,
+                    round: s.round,
+                },
+                None => Scan {
+                    listing: listing.fetched,
+                    round: now,
+                },
+            };
+            remember(&mut inner.scanned, prefix, scan);
+            scan.round
+        };
         let candidates: Vec<Candidate> = listing
             .entries
             .iter()
@@ -218,13 +261,9 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         };
         {
             let mut inner = self.inner.lock().unwrap();
-            let now = Instant::now();
             for c in candidates {
-                let opened_lately = inner
-                    .opened
-                    .get(&c.key)
-                    .is_some_and(|t| now.duration_since(*t) < UNREAD_TTL);
-                if !opened_lately
+                let opened_this_round = inner.opened.get(&c.key).is_some_and(|t| *t >= round);
+                if !opened_this_round
                     && !inner.held.contains_key(&c.key)
                     && inner.queued.insert(c.key.clone())
                 {
@@ -333,16 +372,17 @@ fn expire(inner: &mut Inner, now: Instant) -> Vec<HeldObject> {
     out
 }
 
-/// Records `key` -> `t` in a map of at most [`MAX_REMEMBERED`] entries (the
-/// older half goes when it is full).
-fn remember(map: &mut HashMap<String, Instant>, key: &str, t: Instant) {
+/// Records `key` -> `v` in a map of at most [`MAX_REMEMBERED`] entries (an
+/// arbitrary half goes when it is full); returns the value it replaces.
+fn remember<V>(map: &mut HashMap<String, V>, key: &str, v: V) -> Option<V> {
     if map.len() >= MAX_REMEMBERED && !map.contains_key(key) {
-        let mut times: Vec<Instant> = map.values().copied().collect();
-        times.sort_unstable();
-        let cut = times[times.len() / 2];
-        map.retain(|_, v| *v > cut);
+        let mut n = 0usize;
+        map.retain(|_, _| {
+            n += 1;
+            n.is_multiple_of(2)
+        });
     }
-    map.insert(key.to_string(), t);
+    map.insert(key.to_string(), v)
 }
 
 #[cfg(test)]
@@ -406,13 +446,15 @@ mod tests {
         let listing = dir(&store, 10, 100);
         let p = prefetcher(&store, 300, 64);
         p.take("d/k000", &listing.entries[0].etag, 100);
-        p.missed("d/", listing.clone()).await;
+        p.missed("d/k000", "d/", listing.clone(), None).await;
         settle(&p).await;
         assert_eq!(store.gets.load(Ordering::Relaxed), 3, "300 bytes of 100");
         assert_eq!((p.unread_bytes(), p.queued()), (300, 6));
-        p.missed("d/", listing.clone()).await;
+        p.missed("d/k000", "d/", listing.clone(), None).await;
         assert_eq!(p.queued(), 6, "same listing: not queued again");
-        let part = p.take("d/k001", &listing.entries[1].etag, 100).unwrap();
+        let Taken::Prefetched(part) = p.take("d/k001", &listing.entries[1].etag, 100) else {
+            panic!("k001 not prefetched");
+        };
         assert_eq!(&part.bytes().unwrap().slice(0, 100)[..], &[1u8; 100][..]);
         settle(&p).await;
         assert_eq!(
@@ -432,11 +474,17 @@ mod tests {
         let listing = dir(&store, 5, 100);
         let p = prefetcher(&store, 1000, 1);
         p.take("d/k000", &listing.entries[0].etag, 100);
-        p.missed("d/", listing.clone()).await;
+        p.missed("d/k000", "d/", listing.clone(), None).await;
         // One in flight (k001), k002..k004 queued.
-        assert!(p.take("d/k003", &listing.entries[3].etag, 100).is_none());
+        assert!(matches!(
+            p.take("d/k003", &listing.entries[3].etag, 100),
+            Taken::Missed(None)
+        ));
         settle(&p).await;
-        assert!(p.take("d/k001", "\"other\"", 100).is_none(), "changed ETag");
+        assert!(
+            matches!(p.take("d/k001", "\"other\"", 100), Taken::Missed(None)),
+            "changed ETag"
+        );
         settle(&p).await;
         let fetched: Vec<String> = {
             let inner = p.inner.lock().unwrap();
@@ -455,12 +503,56 @@ mod tests {
         let store = Arc::new(MemStore::default());
         let listing = dir(&store, 3, 100);
         let p = prefetcher(&store, 1000, 64);
-        p.missed("d/", listing).await;
+        p.missed("d/k000", "d/", listing, None).await;
         settle(&p).await;
         let mut inner = p.inner.lock().unwrap();
         assert!(expire(&mut inner, Instant::now()).is_empty());
         let later = Instant::now() + UNREAD_TTL;
         assert_eq!(expire(&mut inner, later).len(), 3);
         assert_eq!((inner.unread, inner.held.len()), (0, 0));
+    }
+
+    /// Objects opened in a round are not fetched again by a later scan of
+    /// a new listing in that round; an object read from S3 again after it
+    /// was opened in the round starts the next round, which fetches them all.
+    #[tokio::test]
+    async fn a_read_again_starts_the_next_round() {
+        let store = Arc::new(MemStore::default());
+        let listing = dir(&store, 4, 100);
+        let p = prefetcher(&store, 1000, 64);
+        let etag = |i: usize| listing.entries[i].etag.clone();
+        assert!(matches!(
+            p.take("d/k000", &etag(0), 100),
+            Taken::Missed(None)
+        ));
+        p.missed("d/k000", "d/", listing.clone(), None).await;
+        settle(&p).await;
+        for i in 1..4 {
+            assert!(matches!(
+                p.take(&format!("d/k{i:03}"), &etag(i), 100),
+                Taken::Prefetched(_)
+            ));
+        }
+        assert_eq!(store.gets.load(Ordering::Relaxed), 3);
+        // A new listing of the same round: everything was opened, no GET.
+        let relisted = Arc::new(DirListing {
+            entries: listing.entries.clone(),
+            fetched: Instant::now(),
+        });
+        p.missed("d/k001", "d/", relisted.clone(), None).await;
+        settle(&p).await;
+        assert_eq!(store.gets.load(Ordering::Relaxed), 3);
+        // k002 is read from S3 again: its earlier open was in this round.
+        let Taken::Missed(Some(before)) = p.take("d/k002", &etag(2), 100) else {
+            panic!("k002 was opened before");
+        };
+        p.missed("d/k002", "d/", relisted, Some(before)).await;
+        settle(&p).await;
+        assert_eq!(
+            store.gets.load(Ordering::Relaxed),
+            6,
+            "k000, k001, k003 again"
+        );
+        assert_eq!(p.unread_bytes(), 300);
     }
 }
