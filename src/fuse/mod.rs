@@ -1,9 +1,10 @@
 //! The FUSE adapter: implements `fuser::Filesystem` over [`Fs`]. A handler
 //! that may wait (on the network, the disk cache) hands its request to the
 //! tokio runtime and replies from there, so no FUSE session thread ever waits
-//! on the network; a read whose bytes are already read ahead is answered on
-//! the session thread itself. The only module that touches fuser's request
-//! and reply types.
+//! on the network; what needs no waiting is answered on the session thread
+//! itself: a read whose bytes are already read ahead, an open with fresh
+//! attributes, a lookup or getattr from cached metadata. The only module that
+//! touches fuser's request and reply types.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -173,6 +174,23 @@ fn errno(op: &'static str, e: &FsError) -> Errno {
     }
     metrics::counter!(m::FUSE_ERRORS, "op" => op, "errno" => code.to_string()).increment(1);
     Errno::from_i32(code)
+}
+
+/// Runs `fut` to its end here, on the FUSE session thread, when it needs no
+/// waiting (e.g. a lookup answered from a cached listing), else hands it to
+/// the runtime `rt`. A hop to a runtime thread and back cost more than such
+/// a request itself; a loader sends one lookup per small file.
+fn run_here_or_spawn<F>(rt: &tokio::runtime::Handle, fut: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    use futures::FutureExt;
+    let _rt = rt.enter();
+    let mut fut = Box::pin(fut);
+    if fut.as_mut().now_or_never().is_none() {
+        // Polled once already: the task's first poll registers its waker.
+        rt.spawn(fut);
+    }
 }
 
 /// Counts one FUSE request of `op` (lookup, getattr, open, read, flush,
@@ -353,7 +371,7 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         let fs = self.fs.clone();
         let name = name.to_owned();
         let direct = self.direct_io_min_size;
-        self.rt.spawn(async move {
+        run_here_or_spawn(&self.rt, async move {
             match fs.lookup(parent.0, &name).await {
                 Ok(stat) => {
                     reply.entry(&fs.kernel_ttl(), &Self::attr(&stat, direct), Generation(0))
@@ -379,7 +397,7 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         requested("getattr");
         let fs = self.fs.clone();
         let direct = self.direct_io_min_size;
-        self.rt.spawn(async move {
+        run_here_or_spawn(&self.rt, async move {
             match fs.getattr(ino.0).await {
                 Ok(stat) => reply.attr(&fs.kernel_ttl(), &Self::attr(&stat, direct)),
                 Err(e) => reply.error(errno("getattr", &e)),
