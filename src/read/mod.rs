@@ -71,9 +71,11 @@ pub struct ReadConfig {
     /// small, a shard (100 MB+) is not, and one GET fetches it whole. 0: off.
     #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub small_max_size: u64,
-    /// Small-object prefetch GETs in flight at once, 1-1024. 64: at 20 ms to
-    /// first byte that is ~3,200 objects/s, above what the servers of
-    /// bench/ serve in parallel, while each GET still costs the server little.
+    /// Small-object prefetch GETs in flight at once, 1-1024. 128: with 20 ms
+    /// to a small GET's first byte that is ~6,400 objects/s; measured, 128
+    /// came near the test server's parallel limit where 64 stayed ~1.5x
+    /// short of it (bench/RESULTS.md), and a server that cannot keep up
+    /// only queues them.
     pub small_max_in_flight: usize,
     /// Bytes of small objects prefetched but not opened yet, at most. They
     /// are held in memory and also reserved from `memory_budget`. `None`: a
@@ -94,7 +96,7 @@ impl Default for ReadConfig {
             kernel_read_ahead: 1 << 20,
             direct_io_min_size: 64 << 20,
             small_max_size: 1 << 20,
-            small_max_in_flight: 64,
+            small_max_in_flight: 128,
             small_budget: None,
         }
     }
