@@ -488,7 +488,8 @@ fn fully_cached_files_are_read_by_the_kernel_through_passthrough() {
     }
     let dir = TempDir::new("cache-passthrough");
     let cache = dir.0.join("c");
-    let toml = cache_toml(&cache, "memory_size = 0\n");
+    // Every size is passed through here (the 9 KB file too).
+    let toml = cache_toml(&cache, "memory_size = 0\npassthrough_min_size = 0\n");
     let (m, addr) = mount_with_metrics(&srv, &b, &toml);
     for (k, d) in &files {
         assert!(read(&m, k) == *d, "epoch 1: {k} differs");
@@ -522,7 +523,10 @@ fn fully_cached_files_are_read_by_the_kernel_through_passthrough() {
     assert_eq!(srv.request_count("GetObject"), 0, "{}", m.log());
     // Turned off by config: every read goes through lakemount again.
     drop(m);
-    let off = cache_toml(&cache, "memory_size = 0\npassthrough = false\n");
+    let off = cache_toml(
+        &cache,
+        "memory_size = 0\npassthrough = false\npassthrough_min_size = 0\n",
+    );
     let (m, addr) = mount_with_metrics(&srv, &b, &off);
     for (k, d) in &files {
         assert!(read(&m, k) == *d, "passthrough off: {k} differs");
@@ -658,5 +662,52 @@ fn direct_io_and_passthrough_opens_of_one_file_never_conflict() {
     assert!(
         mmap_read(&h3, d.len()) == d,
         "mmap of a passthrough handle differs"
+    );
+}
+
+/// With the default `cache.passthrough_min_size` (64 KiB), a small fully
+/// cached file is not sealed and is read through lakemount from the disk
+/// cache (no GET, no passthrough open), while a large one is passed through.
+#[test]
+fn small_files_are_read_through_lakemount_not_passed_through() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "ptmin");
+    let small = data(9_000, 81);
+    let large = data(3 << 20, 82);
+    srv.put(&b, "a.jpg", small.clone());
+    srv.put(&b, "shard.tar", large.clone());
+    let dir = TempDir::new("cache-ptmin");
+    let cache = dir.0.join("c");
+    let toml = cache_toml(&cache, "memory_size = 0\n");
+    let (m, _) = mount_with_metrics(&srv, &b, &toml);
+    assert!(read(&m, "a.jpg") == small);
+    assert!(read(&m, "shard.tar") == large);
+    wait_sealed(&cache, 1);
+    wait_blocks(&cache, 4);
+    drop(m);
+    let (m, addr) = mount_with_metrics(&srv, &b, &toml);
+    srv.reset_counts();
+    assert!(read(&m, "a.jpg") == small, "small file differs");
+    assert!(read(&m, "shard.tar") == large, "large file differs");
+    let body = scrape(&addr);
+    assert_eq!(
+        metric(&body, "lakemount_cache_passthrough_opens_total"),
+        1.0,
+        "{body}"
+    );
+    assert_eq!(
+        metric(&body, "lakemount_fuse_read_bytes_total"),
+        small.len() as f64,
+        "only the small file is read through lakemount:\n{body}"
+    );
+    assert_eq!(srv.request_count("GetObject"), 0, "{}", m.log());
+    // Sealed: the large object only.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        objects(&cache)
+            .iter()
+            .filter(|(_, o)| o.header.seal.is_some())
+            .count(),
+        1
     );
 }

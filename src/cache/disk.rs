@@ -127,6 +127,9 @@ pub struct DiskCache {
     ttl: Duration,
     /// Bytes of one block (`cache.block_size`).
     block_size: u64,
+    /// Objects smaller than this are never sealed, so never passed through
+    /// (`cache.passthrough_min_size`).
+    seal_min_size: u64,
     index: Mutex<Index>,
     pending: Mutex<HashMap<PieceKey, Bytes>>,
     pending_bytes: AtomicU64,
@@ -188,6 +191,7 @@ impl DiskCache {
             min_free: config.min_free,
             ttl: Duration::from_secs(config.ttl_secs),
             block_size: config.block_size,
+            seal_min_size: config.passthrough_min_size,
             index: Mutex::new(Index {
                 lru: LruCache::unbounded(),
                 objects: HashMap::new(),
@@ -429,7 +433,7 @@ impl DiskCache {
             let seal = match ix.objects.get_mut(&pk.obj) {
                 Some(o) if o.recs[pk.idx as usize].is_some_and(|r| r.crc == crc) => {
                     o.set_checked(pk.idx as usize);
-                    o.wants_seal()
+                    o.wants_seal() && o.size >= self.seal_min_size
                 }
                 _ => false,
             };
@@ -567,7 +571,7 @@ impl DiskCache {
                 }
                 o.recs[i] = Some(rec);
                 o.set_checked(i);
-                let seal = o.wants_seal();
+                let seal = o.wants_seal() && o.size >= self.seal_min_size;
                 ix.free = ix.free.saturating_sub(alloc);
                 metrics::gauge!(m::CACHE_DISK_BYTES).set(ix.total as f64);
                 drop(ix);
@@ -672,7 +676,7 @@ impl DiskCache {
     /// is then read through the CRC32C checks, and sealed again once all of its
     /// blocks passed them.
     pub fn backing(self: &Arc<Self>, obj: ObjectId, size: u64) -> Option<Backing> {
-        if size == 0 {
+        if size == 0 || size < self.seal_min_size {
             return None;
         }
         self.load(obj, size);

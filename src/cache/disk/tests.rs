@@ -19,6 +19,7 @@ fn cfg(dir: &Path, max: u64) -> CacheConfig {
         max_size: Size::Bytes(max),
         min_free: Size::Bytes(0),
         block_size: BS,
+        passthrough_min_size: 0,
         ..CacheConfig::default()
     }
 }
