@@ -661,8 +661,36 @@ class Mount:
         self.proc = None
 
 
-MOUNT_S3_MISSING = ("not installed: no `mount-s3` on PATH (Mountpoint for Amazon S3 is on none of the "
-                    "registries this machine reaches); install it and rerun to fill this column")
+MOUNT_S3_MISSING = ("not built: no bench/mountpoint/target/release/mount-s3 (bench/run.sh builds it from the "
+                    "Mountpoint for Amazon S3 library crates of crates.io, ~11 minutes once) and no `mount-s3` on PATH")
+
+
+def mount_s3_binary():
+    """The Mountpoint for Amazon S3 binary: $MOUNT_S3_BIN, else bench/mountpoint's build
+    (the library crates `mountpoint-s3-fs`/`mountpoint-s3-client` behind a small main.rs of
+    ours: Mountpoint's own CLI crate is not on crates.io), else a `mount-s3` on PATH; None when
+    there is none."""
+    env = os.environ.get("MOUNT_S3_BIN")
+    if env:
+        return env if os.access(env, os.X_OK) else None
+    built = os.path.join(HERE, "mountpoint", "target", "release", "mount-s3")
+    if os.access(built, os.X_OK):
+        return built
+    return shutil.which("mount-s3")
+
+
+def mount_s3_version():
+    b = mount_s3_binary()
+    if not b:
+        return "not installed"
+    lock = os.path.join(HERE, "mountpoint", "Cargo.lock")
+    if b.startswith(os.path.join(HERE, "mountpoint")) and os.path.exists(lock):
+        text = open(lock).read()
+        vs = [f"{c} {m.group(1)}" for c in ("mountpoint-s3-fs", "mountpoint-s3-client", "mountpoint-s3-crt-sys")
+              if (m := re.search(rf'name = "{c}"\nversion = "([^"]+)"', text))]
+        return "bench/mountpoint (our main.rs over " + ", ".join(vs) + ")"
+    r = run([b, "--version"], check=False)
+    return ((r.stdout or "") + (r.stderr or "")).strip().splitlines()[0] if (r.stdout or r.stderr) else "?"
 
 
 def mount_factory(name, a, g, bucket, write_secrets=True):
@@ -746,11 +774,15 @@ def mount_factory(name, a, g, bucket, write_secrets=True):
         shown = " ".join(cmd).replace(pw, "PASSWD_FILE")
         return (lambda: Mount(name, cmd, env, mnt, logpath, shown)), None
     if name == "mount-s3":
-        if not shutil.which("mount-s3"):
+        binary = mount_s3_binary()
+        if not binary:
             return None, MOUNT_S3_MISSING
-        cmd = ["mount-s3", bucket, mnt, "--foreground", "--read-only", "--endpoint-url", g.endpoint,
-               "--region", g.region, "--force-path-style"]
-        shown = "AWS_ACCESS_KEY_ID=.. AWS_SECRET_ACCESS_KEY=.. " + " ".join(cmd)
+        # --metadata-ttl indefinite: Mountpoint's documented setting for a bucket that does
+        # not change while mounted (its default re-checks S3 on every lookup and open), as
+        # rclone gets --dir-cache-time 1h and s3fs stat_cache_expire=3600.
+        cmd = [binary, bucket, mnt, "--foreground", "--read-only", "--endpoint-url", g.endpoint,
+               "--region", g.region, "--force-path-style", "--metadata-ttl", "indefinite"]
+        shown = "AWS_ACCESS_KEY_ID=.. AWS_SECRET_ACCESS_KEY=.. " + " ".join(cmd).replace(HERE + "/", "bench/")
         return (lambda: Mount(name, cmd, env, mnt, logpath, shown)), None
     raise ValueError(name)
 
@@ -988,7 +1020,7 @@ def versions(g, rawget):
         f"{'Garage' if isinstance(g, Garage) else 'in-memory S3'} (server)": g.version(),
         "rclone": first(["rclone", "version"]) if shutil.which("rclone") else "not installed",
         "s3fs": first(["s3fs", "--version"]) if shutil.which("s3fs") else "not installed",
-        "mount-s3": first(["mount-s3", "--version"]) if shutil.which("mount-s3") else "not installed",
+        "mount-s3": mount_s3_version(),
         "rawget (limit)": f"bench/rawget, aws-sdk-s3 {sdk}",
         "fio": first(["fio", "--version"]),
         "python": platform.python_version(),
@@ -1280,13 +1312,13 @@ def report_only(a):
         fin = datetime.datetime.fromtimestamp(os.path.getmtime(a.report), datetime.timezone.utc)
         mode = name.split("-", 1)[1].removesuffix(".json")
         systems = [s for s in SYSTEMS if any(k.startswith(s + "|") for k in keys)] + (
-            ["mount-s3"] if not shutil.which("mount-s3") else [])
+            ["mount-s3"] if not mount_s3_binary() else [])
         workloads = [w for w in WORKLOADS if any(k.endswith("|" + w) for k in keys)]
         loads = [r["load"] for v in raw.values() for r in v if "load" in r]
         raw = {"results": raw, "meta": {
             "mode": mode, "runs": max(len(v) for v in raw.values()), "suites": ["all"], "workloads": workloads,
             "systems": systems, "started": st.isoformat(), "finished": fin.isoformat(),
-            "skipped": {} if shutil.which("mount-s3") else {"mount-s3": MOUNT_S3_MISSING},
+            "skipped": {} if mount_s3_binary() else {"mount-s3": MOUNT_S3_MISSING},
             "load_before": loads[0], "load_after": loads[-1], "setup_log": [], "argv": []}}
     meta = raw["meta"]
     started = datetime.datetime.fromisoformat(meta["started"])

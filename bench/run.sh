@@ -2,7 +2,8 @@
 # lakemount benchmark: bench/run.sh [--quick] [--runs N] [--systems a,b]
 #                       [--link-gbit G --ttfb-ms T] [SUITE|WORKLOAD ...]
 #
-# Suites: seq rand loader meta all (default: all). Writes bench/RESULTS.md.
+# Suites: seq rand loader meta all (default: all); `cache` (bench/cache.py) and
+# `torch` (bench/torch_bench.py) have their own drivers. Writes bench/RESULTS.md.
 # Data, Garage, mount points and logs live in $BENCH_DIR (default: ../bench-data
 # next to this checkout, never inside it). Run as root (FUSE mounts, apt-get).
 # Not part of CI. See bench/README.md.
@@ -71,6 +72,29 @@ say "cargo build --release (lakemount, lakemount-testserver)"
 say "cargo build --release (bench/rawget)"
 cargo build --release --quiet --manifest-path "$here/rawget/Cargo.toml"
 
+# Mountpoint for Amazon S3 (the `mount-s3` column): bench/mountpoint, our small main.rs
+# over Mountpoint's library crates from crates.io (its CLI crate is not published),
+# built when missing or older than its sources (about 11 minutes on 2 cores, once;
+# its C runtime, aws-crt, needs cmake, clang/libclang and libfuse3's headers). A failed
+# build is not fatal: the column then says "not built". BENCH_NO_MOUNT_S3=1 skips it.
+mp_bin=$here/mountpoint/target/release/mount-s3
+if [[ ${BENCH_NO_MOUNT_S3:-0} != 1 ]]; then
+    if [[ ! -x $mp_bin || -n $(find "$here/mountpoint/src" "$here/mountpoint/Cargo.toml" "$here/mountpoint/Cargo.lock" -newer "$mp_bin" 2>/dev/null) ]]; then
+        mp_missing=()
+        command -v cmake >/dev/null || mp_missing+=(cmake)
+        command -v clang >/dev/null || mp_missing+=(clang libclang-dev)
+        pkg-config --exists fuse3 2>/dev/null || mp_missing+=(libfuse3-dev pkg-config)
+        if ((${#mp_missing[@]})); then
+            say "apt-get install ${mp_missing[*]} (for bench/mountpoint)"
+            apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${mp_missing[@]}" >&2
+        fi
+        say "cargo build --release (bench/mountpoint: mount-s3; about 11 minutes the first time)"
+        cargo build --release --quiet --manifest-path "$here/mountpoint/Cargo.toml" ||
+            say "WARNING: bench/mountpoint did not build; the mount-s3 column will say why it is missing"
+    fi
+fi
+
 # The TCP_NODELAY shim Garage is started with (see bench/nodelay/nodelay.c).
 cc -shared -fPIC -O2 -o "$BENCH_DIR/nodelay.so" "$here/nodelay/nodelay.c" -ldl
 
@@ -80,6 +104,11 @@ cc -shared -fPIC -O2 -o "$BENCH_DIR/nodelay.so" "$here/nodelay/nodelay.c" -ldl
 if [[ ${1:-} == cache ]]; then
     shift
     python3 "$here/cache.py" "$@" &
+elif [[ ${1:-} == torch ]]; then
+    # The PyTorch DataLoader suite: torch in its own venv under $BENCH_DIR (~5.5 GB, once).
+    shift
+    "$here/torch/setup.sh"
+    python3 "$here/torch_bench.py" "$@" &
 else
     python3 "$here/harness.py" "$@" &
 fi

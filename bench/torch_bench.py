@@ -1,0 +1,637 @@
+#!/usr/bin/env python3
+"""The `torch` suite: a real PyTorch DataLoader over 20,000 small files, run by
+`bench/run.sh torch` (see bench/README.md, "The PyTorch DataLoader suite").
+
+Per run (default 3; medians reported), per variant (files, tar), per system: a
+fresh mount (and an empty cache directory), the loader of bench/torch_loader.py
+(torch's DataLoader, 4 workers, batch 64) builds its index, then reads two
+epochs; before each epoch the page cache is dropped (local disk: `echo 3 >
+/proc/sys/vm/drop_caches`; mounts: `echo 1`, the page cache only, see
+--drop-mounts), and the S3 server's request counters and the mount daemon's
+CPU time (/proc/PID/stat utime+stime) are taken before and after it.
+Every sample's size and CRC32 is checked against the data set's manifest in
+both epochs. Beside the mounts, the same run measures local disk (the same
+files) and the raw limit: bench/rawget GETs every object of the prefix with 32
+and 64 in flight (files) or the shards in 8 MiB ranges with 16 in flight (tar).
+
+The server is the in-memory one of testserver/ with an emulated time to first
+byte (--ttfb-ms, default 20): at 0 ms every request is answered at memory speed
+and what a mount does per small file (HEADs, LISTs, GETs one after another) is
+hidden. Writes the `torch` section of bench/RESULTS.md.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import queue
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import zlib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import harness as h  # noqa: E402
+
+SYSTEMS = ["raw-get", "local-disk", "lakemount", "lakemount-nocache", "mount-s3", "rclone-full", "s3fs"]
+OPTIONAL = ["rclone-off"]  # selectable with --systems
+VARIANTS = ["files", "tar"]
+BUCKET = "lakebench-full"
+PER_DIR = 200
+SEED = 3  # rawget gen-files seed: not tree/'s (seed 1), which has the same names
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+EPOCHS = 2
+DAEMON_NAMES = {"lakemount": "lakemount", "lakemount-nocache": "lakemount", "mount-s3": "mount-s3",
+                "rclone-full": "rclone", "rclone-off": "rclone", "s3fs": "s3fs"}
+
+
+def log(*a):
+    h.log(*a)
+
+
+# ------------------------------------------------------------------ data
+
+
+def prefixes(files):
+    """S3 prefixes of the two variants; the published size keeps the short names."""
+    sfx = "" if files == 20_000 else f"-{files}"
+    return f"torch-small{sfx}/", f"torch-tar{sfx}/"
+
+
+def make_data(a, g):
+    """The data set, generated when missing, uploaded to the (in-memory) server."""
+    d = gen_data(a)
+    pf, pt = prefixes(a.files)
+    env = h.s3_env(g)
+    for sub, prefix in (("files", pf), ("shards", pt)):
+        r = h.run([a.rawget, "put", "--bucket", BUCKET, "--dir", os.path.join(d["dir"], sub), "--prefix", prefix,
+                   "--concurrency", "32"], env=env)
+        log(f"  put {prefix}: " + json.dumps(h.last_json(r.stdout)))
+    return d
+
+
+def gen_data(a):
+    """Generates (once, deterministic) DIR/files/dNNN/fNNNN.bin, their manifest and
+    the tar shards of the same samples."""
+    n, nshards = a.files, a.shards
+    if n % PER_DIR:
+        sys.exit(f"--files must be a multiple of {PER_DIR}")
+    dirs = n // PER_DIR
+    data = os.path.join(a.bench_dir, "data", f"torch-{n}")
+    files_dir, shards_dir = os.path.join(data, "files"), os.path.join(data, "shards")
+    manifest = os.path.join(data, "manifest.json")
+    spec = {"files": n, "dirs": dirs, "per_dir": PER_DIR, "min": 4096, "max": 12288, "seed": SEED,
+            "shards": nshards, "format": 1}
+    have = None
+    if os.path.exists(manifest):
+        with open(manifest) as f:
+            have = json.load(f).get("spec")
+    if have != spec:
+        t = time.monotonic()
+        log(f"generating the torch data set in {data}: {n:,} files in {dirs} directories, {nshards} tar shards")
+        shutil.rmtree(data, ignore_errors=True)
+        os.makedirs(data)
+        h.run([a.rawget, "gen-files", "--dir", files_dir, "--dirs", str(dirs), "--per-dir", str(PER_DIR),
+               "--min", "4096", "--max", "12288", "--ext", "bin", "--seed", str(SEED)])
+        names = [f"d{d:03}/f{i:04}.bin" for d in range(dirs) for i in range(PER_DIR)]
+        samples = []
+        for name in names:
+            with open(os.path.join(files_dir, name), "rb") as f:
+                b = f.read()
+            samples.append({"name": name, "size": len(b), "crc32": zlib.crc32(b)})
+        # WebDataset-style shards: contiguous runs of the samples in name order,
+        # deterministic headers (ustar, mtime 0, root-owned) so every machine gets the same bytes.
+        os.makedirs(shards_dir)
+        shard_names = [f"shard-{k:04}.tar" for k in range(nshards)]
+        for k, sname in enumerate(shard_names):
+            with tarfile.open(os.path.join(shards_dir, sname), "w", format=tarfile.USTAR_FORMAT) as tf:
+                for name in names[k * n // nshards:(k + 1) * n // nshards]:
+                    ti = tarfile.TarInfo(name)
+                    path = os.path.join(files_dir, name)
+                    ti.size = os.path.getsize(path)
+                    ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = 0, 0o644, 0, 0, "", ""
+                    with open(path, "rb") as f:
+                        tf.addfile(ti, f)
+        with open(manifest + ".tmp", "w") as f:
+            json.dump({"spec": spec, "samples": samples, "shards": shard_names,
+                       "bytes": sum(s["size"] for s in samples)}, f)
+        os.replace(manifest + ".tmp", manifest)
+        log(f"  generated in {time.monotonic() - t:.0f} s")
+    with open(manifest) as f:
+        m = json.load(f)
+    return {"dir": data, "files": files_dir, "shards": shards_dir, "manifest": manifest,
+            "bytes": m["bytes"], "shard_names": m["shards"],
+            "shard_bytes": sum(os.path.getsize(os.path.join(shards_dir, s)) for s in m["shards"])}
+
+
+# ------------------------------------------------------------------ systems
+
+
+def drop_caches(level):
+    """`echo LEVEL > /proc/sys/vm/drop_caches`: 3 = page cache, dentries and inodes
+    (also a FUSE mount's: the kernel FORGETs them and looks every file up again);
+    1 = the page cache only."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write(f"{level}\n")
+
+
+def cpu_secs(pid):
+    """utime + stime of one process (all its threads), seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
+
+
+def make_mount(name, a, g, cache_dir):
+    """A fresh h.Mount of `name` (cache_dir: the empty cache directory of this run)."""
+    mnt = os.path.join(a.bench_dir, "mnt", f"torch-{name}")
+    logpath = os.path.join(a.bench_dir, "logs", f"torch-{name}.log")
+    env = h.s3_env(g)
+    env.pop("AWS_ENDPOINT_URL", None)
+    if name.startswith("lakemount"):
+        binary = a.lakemount
+        cmd = [binary, "mount", f"s3://{BUCKET}", mnt, "--endpoint-url", g.endpoint, "--region", g.region]
+        if name == "lakemount":
+            cmd += ["--cache-dir", cache_dir]
+        shown = "AWS_ACCESS_KEY_ID=.. AWS_SECRET_ACCESS_KEY=.. " + " ".join(
+            [getattr(a, "lakemount_shown", binary), *cmd[1:]]).replace(h.REPO + "/", "")
+        return h.Mount(name, cmd, env, mnt, logpath, shown.replace(cache_dir, "CACHE_DIR"))
+    if name == "mount-s3":
+        binary = h.mount_s3_binary()
+        if not binary:
+            raise RuntimeError(h.MOUNT_S3_MISSING)
+        cmd = [binary, BUCKET, mnt, "--foreground", "--read-only", "--endpoint-url", g.endpoint, "--region",
+               g.region, "--force-path-style", "--metadata-ttl", "indefinite", "--cache", cache_dir]
+        shown = "AWS_ACCESS_KEY_ID=.. AWS_SECRET_ACCESS_KEY=.. " + " ".join(cmd).replace(HERE + "/", "bench/")
+        return h.Mount(name, cmd, env, mnt, logpath, shown.replace(cache_dir, "CACHE_DIR"))
+    make, why = h.mount_factory(name, a, g, BUCKET)
+    if make is None:
+        raise RuntimeError(why)
+    base = make()
+    # The harness's command line, with this suite's mount point and cache directory.
+    rc = os.path.join(a.bench_dir, "rclone-cache")
+    swap = {rc: cache_dir, base.mnt: mnt}
+    cmd = [swap.get(c, c) for c in base.cmd]
+    shown = base.shown.replace(rc, "CACHE_DIR").replace(base.mnt, mnt)
+    return h.Mount(name, cmd, base.env, mnt, logpath, shown)
+
+
+class Loader:
+    """bench/torch_loader.py in its own process group, driven epoch by epoch."""
+
+    def __init__(self, a, variant, root, manifest):
+        self.cmd = [a.python, os.path.join(HERE, "torch_loader.py"), variant, "--root", root,
+                    "--manifest", manifest, "--epochs", str(EPOCHS)]
+        self.p = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.q = queue.Queue()
+        self.err = []
+        threading.Thread(target=self._lines, daemon=True).start()
+        threading.Thread(target=lambda: self.err.extend(self.p.stderr), daemon=True).start()
+
+    def _lines(self):
+        for line in self.p.stdout:
+            self.q.put(line)
+        self.q.put(None)  # end of output: the loader exited
+
+    def next(self, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no answer from the loader in {timeout:.0f} s")
+            try:
+                line = self.q.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                self.p.wait()
+                raise RuntimeError(f"loader exited {self.p.returncode}: {''.join(self.err)[-800:]}")
+            line = line.strip()
+            if line.startswith("{"):
+                j = json.loads(line)
+                if "error" in j:
+                    raise RuntimeError(f"loader: {j['error']}")
+                return j
+
+    def go(self):
+        self.p.stdin.write("go\n")
+        self.p.stdin.flush()
+
+    def close(self):
+        if self.p.poll() is None:
+            try:
+                os.killpg(self.p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.p.wait()
+
+
+def run_loader(a, g, variant, root, manifest, pid=None, drop=3):
+    """Index + EPOCHS epochs; per epoch: caches dropped, then its time, the requests
+    the server saw and the daemon's CPU seconds."""
+    res = {}
+    before = g.counters()
+    loader = Loader(a, variant, root, manifest)
+    try:
+        j = loader.next(a.epoch_timeout)
+        res["index"] = {"secs": j["secs"], "requests": h.diff(g.counters(), before)}
+        for e in range(1, EPOCHS + 1):
+            drop_caches(drop)
+            before, cpu0 = g.counters(), (cpu_secs(pid) if pid else None)
+            loader.go()
+            j = loader.next(a.epoch_timeout)
+            if not j.get("ok"):
+                raise RuntimeError(f"epoch {e}: {j['bad']} samples with wrong bytes, {j['missing']} missing")
+            j["requests"] = h.diff(g.counters(), before)
+            if pid:
+                j["daemon_cpu_s"] = cpu_secs(pid) - cpu0
+            res[f"epoch{e}"] = j
+        loader.next(60)  # the summary line
+    finally:
+        loader.close()
+    return res
+
+
+def measure_raw(a, g, variant, d):
+    pf, pt = prefixes(a.files)
+    out = {}
+    if variant == "files":
+        for c in a.raw_concurrency:
+            cmd = [a.rawget, "small", "--bucket", BUCKET, "--prefix", pf, "--concurrency", str(c), "--max-secs", "3600"]
+            out[f"small-{c}"] = raw_one(g, cmd, a.files)
+    else:
+        keys = ",".join(pt + s for s in d["shard_names"])
+        cmd = [a.rawget, "seq", "--bucket", BUCKET, "--keys", keys, "--concurrency", "16", "--max-secs", "3600"]
+        out["seq-16"] = raw_one(g, cmd, None)
+    return out
+
+
+def raw_one(g, cmd, files):
+    before = g.counters()
+    r = h.run_group(cmd, env=h.s3_env(g), timeout=3600)
+    if r.returncode != 0:
+        raise RuntimeError(f"rawget exited {r.returncode}: {r.stderr.strip()[-500:]}")
+    j = h.last_json(r.stdout)
+    if files is not None and j.get("files") != files:
+        raise RuntimeError(f"rawget read {j.get('files')} objects, not {files}")
+    j["requests"] = h.diff(g.counters(), before)
+    j["cmd"] = " ".join(cmd).replace(HERE + "/", "bench/")
+    return j
+
+
+def measure(s, variant, a, g, d):
+    root_local = d["files"] if variant == "files" else d["shards"]
+    pf, pt = prefixes(a.files)
+    sub = (pf if variant == "files" else pt).rstrip("/")
+    if s == "raw-get":
+        return {"raw": measure_raw(a, g, variant, d)}
+    if s == "local-disk":
+        r = run_loader(a, g, variant, root_local, d["manifest"])
+        r["cmd"] = f"ROOT={root_local.replace(a.bench_dir, '$BENCH_DIR')}"
+        return r
+    cache_dir = os.path.join(a.bench_dir, f"torch-cache-{s}")
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    os.makedirs(cache_dir)
+    mount = make_mount(s, a, g, cache_dir)
+    before = g.counters()
+    mount.start()
+    try:
+        mount_reqs = h.diff(g.counters(), before)
+        r = run_loader(a, g, variant, os.path.join(mount.mnt, sub), d["manifest"], mount.proc.pid, a.drop_mounts)
+        r["mount_requests"] = mount_reqs
+        r["rss_mib"] = mount.peak_rss_mib()
+        r["cmd"] = mount.shown
+        # Taken while mounted: mount-s3 empties its cache directory when it unmounts.
+        du = h.run(["du", "-sb", cache_dir], check=False)
+        if s != "lakemount-nocache" and s != "s3fs" and s != "rclone-off" and du.returncode == 0:
+            r["cache_bytes"] = int(du.stdout.split()[0])
+    finally:
+        mount.stop()
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    return r
+
+
+def lakemount_version(binary):
+    """Its --version, when it was built, and (for this checkout's build) the git
+    commit and whether src/ had uncommitted changes."""
+    r = h.run([binary, "--version"], check=False)
+    v = ((r.stdout or "") + (r.stderr or "")).strip().splitlines()
+    v = v[0] if v else "?"
+    built = (datetime.datetime.fromtimestamp(os.path.getmtime(binary), datetime.timezone.utc)
+             .strftime("%Y-%m-%d %H:%M UTC") if os.path.exists(binary) else "?")
+    if os.path.abspath(binary).startswith(h.REPO + os.sep):
+        rev = h.run(["git", "-C", h.REPO, "log", "-1", "--format=%h %ct"], check=False).stdout.split()
+        dirty = h.run(["git", "-C", h.REPO, "status", "--porcelain", "--", "src", "Cargo.toml", "Cargo.lock"],
+                      check=False).stdout.strip()
+        txt = f"{v} (binary built {built}; at the start of the run the checkout was at git {rev[0] if rev else '?'}"
+        if dirty:
+            txt += " with uncommitted changes in src/"
+        if len(rev) > 1 and os.path.exists(binary) and os.path.getmtime(binary) < int(rev[1]):
+            txt += "; the binary is older than that commit"
+        return txt + ")"
+    return f"{v} ({binary}; built {built})"
+
+
+# ------------------------------------------------------------------ report
+
+
+def med(vals):
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def fmt_reqs(reqs):
+    reqs = reqs or {}
+    get = reqs.get("GetObject", 0)
+    lst = reqs.get("ListObjectsV2", 0) + reqs.get("ListObjects", 0)
+    head = reqs.get("HeadObject", 0)
+    other = sum(v for k, v in reqs.items() if k not in ("GetObject", "ListObjectsV2", "ListObjects", "HeadObject"))
+    txt = f"{get:,} / {lst:,} / {head:,}"
+    return txt + (f" (+{other:,} other)" if other else "")
+
+
+def med_reqs(runs, key):
+    ops = sorted({k for r in runs for k in r.get(key, {}).get("requests", {})})
+    return {op: int(statistics.median(r.get(key, {}).get("requests", {}).get(op, 0) for r in runs)) for op in ops}
+
+
+def write(a, meta, results):
+    L = []
+    started = datetime.datetime.fromisoformat(meta["started"])
+    finished = datetime.datetime.fromisoformat(meta["finished"])
+    mi = h.machine_info()
+    n = meta["files"]
+    L.append(f"Run {started:%Y-%m-%d %H:%M}-{finished:%H:%M} UTC with `bench/run.sh torch {' '.join(meta['argv'])}`"
+             f" ({meta['runs']} run{'s' if meta['runs'] != 1 else ''} per cell, each cell the median); load "
+             f"average {meta['load_before']:.1f} before, {meta['load_after']:.1f} after ({mi['cores']} shared cores, "
+             f"{mi['cpu']}, {mi['memory_gib']} GiB, kernel {mi['kernel']}).")
+    L.append(f"lakemount: {meta.get('lakemount', '?')}. mount-s3: {meta.get('versions', {}).get('mount-s3', '?')}.")
+    L.append("")
+    L.append(f"Data: {n:,} files of 4-12 KiB ({meta['bytes'] / h.MIB:.0f} MiB) in {n // PER_DIR} directories of "
+             f"{PER_DIR} (`{meta['prefix_files']}`), and the same samples in {meta['shards']} tar shards "
+             f"(`{meta['prefix_tar']}`). Server: {meta['server']} with **{meta['ttfb_ms']:g} ms** emulated time to "
+             "first byte on every GET, HEAD and LIST (`--ttfb-ms`). Loader: torch "
+             f"{meta.get('torch', '?')} `DataLoader`, `num_workers=4`, `batch_size=64`; `files`: map-style Dataset "
+             "(ImageFolder-style index: scandir of the root and of each directory, then `shuffle=True`), each item "
+             "`open(path, 'rb').read()`; `tar`: an IterableDataset whose 4 workers split the shards (shard order "
+             "reshuffled each epoch) and stream them with `tarfile` (`r|`). Every sample's size and CRC32 checked "
+             "against the manifest in both epochs.")
+    L.append("")
+    L.append("Per run and system: fresh mount, empty cache directory; the index; epoch 1; epoch 2; unmount. "
+             f"Before each epoch the page cache is dropped: local disk `echo 3 > /proc/sys/vm/drop_caches`, "
+             + ("mounts `echo 1` (the page cache only: the kernel keeps the dentries and inodes the index built, as "
+                "in a training job that lists and then reads; `echo 3` makes it FORGET them, and mount-s3 then looks "
+                "every file up in S3 again, bench/README.md), " if meta.get("drop_mounts", 1) == 1 else
+                "mounts too `echo 3` (`--drop-mounts 3`: the kernel FORGETs every inode of the mount, so each file "
+                "is looked up again), ")
+             + "so epoch 2 reads what the mount kept (on its disk or in its memory) or S3 again, not the kernel's "
+             "page cache. Times are of the "
+             "epochs only (the index is shown apart). e1 / raw: epoch-1 time over the raw limit's time for the same "
+             "bytes (files: rawget with 64 GETs in flight; 1.0 = as fast as a bare client); e2 / local: epoch-2 time "
+             "over local disk's epoch-2 time. Requests: counted by the server during the epoch, GET / LIST / HEAD. "
+             "CPU: the mount daemon's utime+stime (/proc/PID/stat) per 1,000 files, epoch 1 / epoch 2.")
+    L.append("")
+    for variant in meta["variants"]:
+        L.append(f"### {variant}: {'20,000-file' if n == 20_000 else f'{n:,}-file'} "
+                 f"{'directory tree' if variant == 'files' else 'tar shards'}")
+        L.append("")
+        raw = [r["raw"] for r in results.get(f"raw-get|{variant}", []) if "raw" in r]
+        raw_key = ("small-64" if any("small-64" in r for r in raw) else
+                   next(iter(raw[0]), None) if raw else None) if variant == "files" else "seq-16"
+        raw_secs = med([r.get(raw_key, {}).get("secs") for r in raw]) if raw_key else None
+        local = [r for r in results.get(f"local-disk|{variant}", []) if "error" not in r]
+        local_e2 = med([r["epoch2"]["secs"] for r in local])
+        L.append("| system | epoch 1 s | epoch 2 s | e1 / raw | e2 / local | requests e1 (GET / LIST / HEAD) "
+                 "| requests e2 | daemon CPU s / 1k files (e1 / e2) | index s | peak RSS MiB |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|")
+        for s in meta["systems"]:
+            runs = results.get(f"{s}|{variant}", [])
+            ok = [r for r in runs if "error" not in r]
+            errs = [r["error"] for r in runs if "error" in r]
+            if s == "raw-get":
+                for k in sorted({k for r in raw for k in r}, key=lambda k: (len(k), k)):
+                    secs = med([r[k]["secs"] for r in raw if k in r])
+                    what = (f"rawget small, {k.split('-')[1]} GETs in flight" if k.startswith("small")
+                            else "rawget seq, 8 MiB ranges, 16 in flight")
+                    rate = (f"{n / secs:,.0f} objects/s" if k.startswith("small")
+                            else f"{med([r[k]['mib_per_s'] for r in raw if k in r]):,.0f} MiB/s")
+                    L.append(f"| raw-get ({what}) | {secs:.2f} ({rate}) | - | {secs / raw_secs:.2f} | - "
+                             f"| {fmt_reqs(med_reqs([r for r in raw if k in r], k))} | - | - | - | - |")
+                if not raw:
+                    L.append(f"| raw-get | failed | | | | | | | | |  <!-- {'; '.join(errs)} -->")
+                continue
+            if not ok:
+                why = "; ".join(errs)[:300] or "not run"
+                L.append(f"| {s} | failed | | | | | | | | |")
+                L.append(f"|  | ({why}) | | | | | | | | |")
+                continue
+            e1 = med([r["epoch1"]["secs"] for r in ok])
+            e2 = med([r["epoch2"]["secs"] for r in ok])
+            r1 = f"{e1 / raw_secs:.2f}" if raw_secs else "n/a"
+            r2 = f"{e2 / local_e2:.2f}" if local_e2 else "n/a"
+            if s == "local-disk":
+                cpu = "-"
+                rss = "-"
+            else:
+                c1 = med([r["epoch1"].get("daemon_cpu_s") for r in ok])
+                c2 = med([r["epoch2"].get("daemon_cpu_s") for r in ok])
+                cpu = f"{c1 * 1000 / n:.2f} / {c2 * 1000 / n:.2f}" if c1 is not None else "?"
+                rss = f"{max((r.get('rss_mib') or 0) for r in ok):.0f}"
+            idx = med([r["index"]["secs"] for r in ok])
+            fail = f" ({len(errs)} of {len(runs)} runs failed)" if errs else ""
+            L.append(f"| {s}{fail} | {e1:.2f} | {e2:.2f} | {r1} | {r2} | {fmt_reqs(med_reqs(ok, 'epoch1'))} "
+                     f"| {fmt_reqs(med_reqs(ok, 'epoch2'))} | {cpu} | {idx:.2f} | {rss} |")
+        L.append("")
+    L.append("Every run (epoch 1 / epoch 2 seconds; raw-get seconds):")
+    L.append("")
+    for variant in meta["variants"]:
+        for s in meta["systems"]:
+            for i, r in enumerate(results.get(f"{s}|{variant}", [])):
+                if "error" in r:
+                    L.append(f"- {variant} {s} run {i + 1}: FAILED: {r['error'][:300]}")
+                elif "raw" in r:
+                    L.append(f"- {variant} raw-get run {i + 1}: " + ", ".join(
+                        f"{k} {v['secs']:.2f} s" for k, v in r["raw"].items()))
+                else:
+                    extra = ""
+                    if r.get("mount_requests"):
+                        extra += f"; at mount {fmt_reqs(r['mount_requests'])}"
+                    if r.get("index", {}).get("requests"):
+                        extra += f"; index {fmt_reqs(r['index']['requests'])}"
+                    if "cache_bytes" in r:
+                        extra += f"; cache {r['cache_bytes'] / h.MIB:.0f} MiB"
+                    L.append(f"- {variant} {s} run {i + 1}: {r['epoch1']['secs']:.2f} / {r['epoch2']['secs']:.2f} s"
+                             f"{extra}")
+    L.append("")
+    L.append("Commands:")
+    L.append("")
+    L.append("```sh")
+    L.append(f"bench/run.sh torch {' '.join(meta['argv'])}".rstrip())
+    L.append(f"bench/torch/setup.sh   # the venv: $BENCH_DIR/torch-venv (pip install torch numpy)")
+    L.append(f"target/release/lakemount-testserver --port 39810 --stats-port 39813 --bucket lakebench-full "
+             f"--bucket lakebench-quick --ttfb-ms {meta['ttfb_ms']:g}")
+    shown = set()
+    for variant in meta["variants"]:
+        for s in meta["systems"]:
+            for r in results.get(f"{s}|{variant}", []):
+                if s == "raw-get":
+                    for v in r.get("raw", {}).values():
+                        if v["cmd"] not in shown:
+                            shown.add(v["cmd"])
+                            L.append(v["cmd"])
+                elif "cmd" in r and r["cmd"] not in shown:
+                    shown.add(r["cmd"])
+                    L.append(f"{r['cmd'].replace(meta.get('bench_dir', a.bench_dir), '$BENCH_DIR')}   # {s}")
+    for variant in meta["variants"]:
+        root = "ROOT/" + (meta["prefix_files"] if variant == "files" else meta["prefix_tar"]).rstrip("/")
+        L.append(f"$BENCH_DIR/torch-venv/bin/python bench/torch_loader.py {variant} --root {root} "
+                 f"--manifest $BENCH_DIR/data/torch-{n}/manifest.json --epochs 2   # `go` on stdin before each epoch")
+    L.append("```")
+    if meta.get("notes"):
+        L.append("")
+        L.append("Notes:")
+        L.append("")
+        L += [f"- {n}" for n in meta["notes"]]
+    h.save_section(a.results, "torch", f"PyTorch DataLoader over small files, {started:%Y-%m-%d}", L)
+
+
+# ------------------------------------------------------------------ main
+
+
+def main():
+    p = argparse.ArgumentParser(description="PyTorch DataLoader suite (use bench/run.sh torch)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help=f"comma-separated subset of {','.join(SYSTEMS + OPTIONAL)} (raw-get is always run)")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--files", type=int, default=20_000, help=f"files in the data set (a multiple of {PER_DIR})")
+    p.add_argument("--shards", type=int, default=16)
+    p.add_argument("--ttfb-ms", type=float, default=20.0)
+    p.add_argument("--raw-concurrency", default="32,64", help="GETs in flight of the raw limit (files)")
+    p.add_argument("--drop-mounts", type=int, choices=[1, 3], default=1,
+                   help="before each epoch of a mount: echo N > /proc/sys/vm/drop_caches (default 1: the page cache "
+                        "only; 3 also drops the kernel's dentries and inodes, which makes the kernel FORGET every "
+                        "inode the index built, bench/README.md). Local disk always gets 3")
+    p.add_argument("--lakemount", default=os.path.join(h.REPO, "target", "release", "lakemount"),
+                   help="the lakemount binary (default: target/release/lakemount of this checkout); the run uses a "
+                        "copy taken at its start ($BENCH_DIR/bin/lakemount-torch)")
+    p.add_argument("--epoch-timeout", type=float, default=1800, help="seconds an epoch may take before it fails")
+    p.add_argument("--bench-dir", default=os.environ.get("BENCH_DIR") or os.path.join(os.path.dirname(h.REPO), "bench-data"))
+    p.add_argument("--python", help="the venv's python (default $BENCH_DIR/torch-venv/bin/python)")
+    p.add_argument("--memserver", default=os.path.join(h.REPO, "target", "release", "lakemount-testserver"))
+    p.add_argument("--rawget", default=os.path.join(HERE, "rawget", "target", "release", "rawget"))
+    p.add_argument("--port-base", type=int, default=int(os.environ.get("BENCH_PORT_BASE", "39800")))
+    p.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"))
+    p.add_argument("--report", metavar="RAW_JSON", help="only rewrite RESULTS.md from an earlier run's raw JSON")
+    p.add_argument("--note", action="append", default=[],
+                   help="a note printed under the table (repeatable; with --report: added to the run's notes)")
+    a = p.parse_args()
+    a.bench_dir = os.path.abspath(a.bench_dir)
+    if a.report:
+        with open(a.report) as f:
+            raw = json.load(f)
+        raw["meta"]["notes"] = raw["meta"].get("notes", []) + a.note
+        write(a, raw["meta"], raw["results"])
+        log(f"wrote {a.results} from {a.report}")
+        return 0
+    a.server = "memory"
+    a.raw_concurrency = [int(c) for c in a.raw_concurrency.split(",") if c]
+    a.python = a.python or os.path.join(a.bench_dir, "torch-venv", "bin", "python")
+    if not os.access(a.python, os.X_OK):
+        sys.exit(f"no {a.python}: run bench/torch/setup.sh first (pip install torch numpy into $BENCH_DIR/torch-venv)")
+    systems = [s for s in a.systems.split(",") if s]
+    for s in systems:
+        if s not in SYSTEMS + OPTIONAL:
+            p.error(f"unknown system {s!r}; systems: {', '.join(SYSTEMS + OPTIONAL)}")
+    if "raw-get" not in systems:
+        systems.insert(0, "raw-get")
+    variants = [v for v in a.variants.split(",") if v]
+    for v in variants:
+        if v not in VARIANTS:
+            p.error(f"unknown variant {v!r}; variants: {', '.join(VARIANTS)}")
+    for d in ("logs", "mnt", "results"):
+        os.makedirs(os.path.join(a.bench_dir, d), exist_ok=True)
+    torch_version = h.run([a.python, "-c", "import torch; print(torch.__version__)"]).stdout.strip()
+    lakemount_built = lakemount_version(a.lakemount)  # before the run: the checkout may change while it runs
+    # Every lakemount mount of the run uses a copy taken now: a rebuild of the checkout's
+    # target/release/lakemount during the run (cargo replaces the file) would otherwise put
+    # two different builds into one table.
+    snap = os.path.join(a.bench_dir, "bin", "lakemount-torch")
+    os.makedirs(os.path.dirname(snap), exist_ok=True)
+    shutil.copy2(a.lakemount, snap + ".tmp")
+    os.replace(snap + ".tmp", snap)
+    a.lakemount_shown, a.lakemount = a.lakemount, snap
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+
+    g = h.make_server(a)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    load_before = h.loadavg()
+    results = {}
+    try:
+        g.start()
+        d = make_data(a, g)
+        pf, pt = prefixes(a.files)
+        for i in range(a.runs):
+            for variant in variants:
+                for s in systems:
+                    t = time.monotonic()
+                    try:
+                        r = measure(s, variant, a, g, d)
+                        results.setdefault(f"{s}|{variant}", []).append(r)
+                        if "raw" in r:
+                            txt = ", ".join(f"{k} {v['secs']:.2f} s ({fmt_reqs(v['requests'])})"
+                                            for k, v in r["raw"].items())
+                        else:
+                            txt = (f"index {r['index']['secs']:.2f} s, epoch 1 {r['epoch1']['secs']:.2f} s "
+                                   f"({fmt_reqs(r['epoch1']['requests'])}), epoch 2 {r['epoch2']['secs']:.2f} s "
+                                   f"({fmt_reqs(r['epoch2']['requests'])})")
+                            if "daemon_cpu_s" in r["epoch1"]:
+                                txt += (f", daemon CPU {r['epoch1']['daemon_cpu_s']:.1f}/"
+                                        f"{r['epoch2']['daemon_cpu_s']:.1f} s")
+                        log(f"torch run {i + 1}/{a.runs} {variant:5} {s:17} {txt} "
+                            f"({time.monotonic() - t:.0f} s, load {h.loadavg():.1f})")
+                    except Exception as e:  # noqa: BLE001 - recorded in the table
+                        msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+                        results.setdefault(f"{s}|{variant}", []).append({"error": msg})
+                        log(f"torch run {i + 1}/{a.runs} {variant} {s} FAILED: {msg}")
+        finished = datetime.datetime.now(datetime.timezone.utc)
+        meta = {"started": started.isoformat(), "finished": finished.isoformat(), "runs": a.runs,
+                "systems": systems, "variants": variants, "files": a.files, "shards": a.shards,
+                "ttfb_ms": a.ttfb_ms, "drop_mounts": a.drop_mounts, "lakemount": lakemount_built,
+                "bytes": d["bytes"], "prefix_files": pf, "prefix_tar": pt, "notes": a.note, "bench_dir": a.bench_dir,
+                "server": g.version(), "torch": torch_version, "argv": sys.argv[1:],
+                "load_before": load_before, "load_after": h.loadavg(),
+                "versions": {"mount-s3": h.mount_s3_version()}}
+        raw = os.path.join(a.bench_dir, "results", f"{started:%Y%m%dT%H%M%S}-torch.json")
+        with open(raw, "w") as f:
+            json.dump({"meta": meta, "results": results}, f, indent=1)
+        write(a, meta, results)
+        log(f"wrote {a.results} (raw runs: {raw}) in {(finished - started).total_seconds() / 60:.1f} min")
+    finally:
+        for s in systems:
+            mp_ = os.path.join(a.bench_dir, "mnt", f"torch-{s}")
+            if os.path.ismount(mp_):
+                h.run(["umount", "-l", mp_], check=False)
+            shutil.rmtree(os.path.join(a.bench_dir, f"torch-cache-{s}"), ignore_errors=True)
+        g.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as e:
+        log(f"interrupted ({e}); cleaned up")
+        sys.exit(130)
