@@ -395,7 +395,7 @@ def write(a, meta, results):
              + "so epoch 2 reads what the mount kept (on its disk or in its memory) or S3 again, not the kernel's "
              "page cache. Times are of the "
              "epochs only (the index is shown apart). e1 / raw: epoch-1 time over the raw limit's time for the same "
-             "bytes (files: rawget with 64 GETs in flight; 1.0 = as fast as a bare client); e2 / local: epoch-2 time "
+             "bytes (files: the fastest rawget setting, i.e. the server's parallel limit; 1.0 = as fast as a bare client); e2 / local: epoch-2 time "
              "over local disk's epoch-2 time. Requests: counted by the server during the epoch, GET / LIST / HEAD. "
              "CPU: the mount daemon's utime+stime (/proc/PID/stat) per 1,000 files, epoch 1 / epoch 2.")
     L.append("")
@@ -404,9 +404,13 @@ def write(a, meta, results):
                  f"{'directory tree' if variant == 'files' else 'tar shards'}")
         L.append("")
         raw = [r["raw"] for r in results.get(f"raw-get|{variant}", []) if "raw" in r]
-        raw_key = ("small-64" if any("small-64" in r for r in raw) else
-                   next(iter(raw[0]), None) if raw else None) if variant == "files" else "seq-16"
-        raw_secs = med([r.get(raw_key, {}).get("secs") for r in raw]) if raw_key else None
+        # The limit: the fastest raw-get setting (most GETs in flight the
+        # server still answers faster), median over runs.
+        keys = sorted({k for r in raw for k in r}) if variant == "files" else ["seq-16"]
+        by_key = {k: med([r.get(k, {}).get("secs") for r in raw]) for k in keys}
+        by_key = {k: v for k, v in by_key.items() if v}
+        raw_key = min(by_key, key=by_key.get) if by_key else None
+        raw_secs = by_key.get(raw_key) if raw_key else None
         local = [r for r in results.get(f"local-disk|{variant}", []) if "error" not in r]
         local_e2 = med([r["epoch2"]["secs"] for r in local])
         L.append("| system | epoch 1 s | epoch 2 s | e1 / raw | e2 / local | requests e1 (GET / LIST / HEAD) "
