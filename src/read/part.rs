@@ -68,12 +68,17 @@ impl Part {
             _reservation: reservation,
         });
         let weak = Arc::downgrade(&held);
-        let task = tokio::spawn(async move {
+        // Boxed: a task's allocation is sized for its future and lives as
+        // long as its JoinHandle (here, until the part is dropped), while a
+        // boxed future is freed as soon as the GET ends. Unboxed, the GET's
+        // future state (~20 KB with the S3 client) stayed with every part
+        // held, ~3x the bytes of a small object held for an open.
+        let task = tokio::spawn(Box::pin(async move {
             let got = fetch.await;
             if let Some(h) = weak.upgrade() {
                 let _ = h.result.set(got);
             }
-        });
+        }));
         let abort = task.abort_handle();
         let data = async move {
             task.await
