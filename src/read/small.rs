@@ -20,7 +20,9 @@
 //!   written to it when opened, as an object read by its reader would be, so
 //!   prefetch does not change what the cache evicts.
 //! - An object held longer than [`UNREAD_TTL`] without being opened is
-//!   dropped and counted as waste.
+//!   dropped and counted as waste (checked at every GET's end and open, and
+//!   every minute while the mount is idle); one whose GET failed is dropped
+//!   at once (its open reads it itself).
 //! - A directory is scanned once per listing snapshot (the metadata TTL) and
 //!   per round of reads over it: objects held, queued, opened in the current
 //!   round or wholly in the data cache are skipped. A round starts with the
@@ -29,6 +31,7 @@
 //!   next epoch without a data cache), so that epoch is prefetched too.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -102,9 +105,11 @@ struct Inner {
     opened: HashMap<String, Instant>,
     /// Directory prefix -> its last scan.
     scanned: HashMap<String, Scan>,
-    /// Prefetch GETs in flight.
-    in_flight: usize,
 }
+
+/// How often held objects are checked for [`UNREAD_TTL`] while nothing else
+/// happens (an idle mount gives their memory back).
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// The small-object prefetcher of one mount. Cheap to share (`Arc`).
 pub struct SmallPrefetch<S> {
@@ -115,6 +120,12 @@ pub struct SmallPrefetch<S> {
     budget: MemoryBudget,
     cache: Option<Arc<Cache>>,
     inner: Mutex<Inner>,
+    /// Prefetch GETs in flight. Outside `inner`: a GET's end is counted by a
+    /// guard that may be dropped while `inner` is held (a task cancelled
+    /// inline as the runtime shuts down).
+    in_flight: AtomicUsize,
+    /// The expiry sweeper runs (started by the first scan).
+    sweeping: AtomicBool,
     me: Weak<Self>,
 }
 
@@ -131,6 +142,9 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             return None;
         }
         let unread_budget = config.small_budget_bytes(budget.total());
+        if unread_budget == 0 {
+            return None;
+        }
         Some(Arc::new_cyclic(|me| Self {
             store,
             max_size: config.small_max_size,
@@ -139,6 +153,8 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             budget,
             cache,
             inner: Mutex::new(Inner::default()),
+            in_flight: AtomicUsize::new(0),
+            sweeping: AtomicBool::new(false),
             me: me.clone(),
         }))
     }
@@ -211,6 +227,16 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         listing: Arc<DirListing>,
         opened_before: Option<Instant>,
     ) {
+        if !self.sweeping.swap(true, Ordering::Relaxed) {
+            let me = self.me.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(SWEEP_EVERY).await;
+                    let Some(me) = me.upgrade() else { break };
+                    me.pump();
+                }
+            });
+        }
         let round = {
             let mut inner = self.inner.lock().unwrap();
             let now = inner.opened.get(key).copied().unwrap_or_else(Instant::now);
@@ -282,7 +308,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         let now = Instant::now();
         // Dropped after the lock: dropping a part may cancel its GET.
         let expired = expire(&mut inner, now);
-        while inner.in_flight < self.max_in_flight {
+        while self.in_flight.load(Ordering::Relaxed) < self.max_in_flight {
             let Some(c) = inner.queue.front() else { break };
             if !inner.queued.contains(&c.key) || inner.held.contains_key(&c.key) {
                 inner.queue.pop_front();
@@ -297,10 +323,15 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             };
             let c = inner.queue.pop_front().expect("front exists");
             inner.queued.remove(&c.key);
-            inner.in_flight += 1;
+            self.in_flight.fetch_add(1, Ordering::Relaxed);
             inner.unread += c.size;
             metrics::gauge!(m::SMALL_PREFETCH_IN_FLIGHT).increment(1.0);
-            let ended = InFlight(self.me.clone());
+            let mut ended = InFlight {
+                me: self.me.clone(),
+                key: c.key.clone(),
+                since: now,
+                failed: true,
+            };
             let store = self.store.clone();
             let (key, etag, size) = (c.key.clone(), c.etag.clone(), c.size);
             let part = Part::spawn(0, size, reservation, async move {
@@ -309,6 +340,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                     metrics::counter!(m::SMALL_PREFETCH_OBJECTS).increment(1);
                     metrics::counter!(m::SMALL_PREFETCH_BYTES).increment(size);
                 }
+                ended.failed = got.is_err();
                 drop(ended);
                 got.map(Segments::from)
             });
@@ -340,16 +372,45 @@ impl<S: ObjectStore> SmallPrefetch<S> {
 }
 
 /// Ends one prefetch GET when dropped (its task finished or was cancelled):
-/// one fewer in flight, and the next queued GETs are sent.
-struct InFlight<S: ObjectStore>(Weak<SmallPrefetch<S>>);
+/// one fewer in flight; on the runtime, a failed object's entry goes (it
+/// would hold budget until it expired) and the next queued GETs are sent.
+/// Never takes `inner` itself: it may be dropped while `inner` is held.
+struct InFlight<S: ObjectStore> {
+    me: Weak<SmallPrefetch<S>>,
+    key: String,
+    since: Instant,
+    failed: bool,
+}
 
 impl<S: ObjectStore> Drop for InFlight<S> {
     fn drop(&mut self) {
         metrics::gauge!(m::SMALL_PREFETCH_IN_FLIGHT).decrement(1.0);
-        if let Some(me) = self.0.upgrade() {
-            me.inner.lock().unwrap().in_flight -= 1;
+        let Some(me) = self.me.upgrade() else { return };
+        me.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (key, since, failed) = (std::mem::take(&mut self.key), self.since, self.failed);
+        rt.spawn(async move {
+            let dropped = failed.then(|| me.forget_failed(&key, since)).flatten();
             me.pump();
+            drop(dropped);
+        });
+    }
+}
+
+impl<S: ObjectStore> SmallPrefetch<S> {
+    /// Removes held object `key` sent at `since` (its GET failed) and
+    /// returns it, for the caller to drop outside the lock.
+    fn forget_failed(&self, key: &str, since: Instant) -> Option<HeldObject> {
+        let mut inner = self.inner.lock().unwrap();
+        if inner.held.get(key).is_none_or(|h| h.since != since) {
+            return None;
         }
+        let h = inner.held.remove(key)?;
+        inner.unread -= h.size;
+        metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => "failed").increment(1);
+        Some(h)
     }
 }
 
@@ -426,10 +487,18 @@ mod tests {
         SmallPrefetch::new(store.clone(), &c, MemoryBudget::new(1 << 20), None).unwrap()
     }
 
+    /// Waits until no prefetch GET is in flight and none starts for a while
+    /// (a GET's end sends the next from a task of its own).
     async fn settle(p: &SmallPrefetch<MemStore>) {
-        for _ in 0..1000 {
-            if p.inner.lock().unwrap().in_flight == 0 {
-                return;
+        let mut quiet = 0;
+        for _ in 0..10_000 {
+            if p.in_flight.load(Ordering::Relaxed) == 0 {
+                quiet += 1;
+                if quiet >= 20 {
+                    return;
+                }
+            } else {
+                quiet = 0;
             }
             tokio::task::yield_now().await;
         }
@@ -554,5 +623,21 @@ mod tests {
             "k000, k001, k003 again"
         );
         assert_eq!(p.unread_bytes(), 300);
+    }
+
+    /// A prefetch GET that fails (here: the object changed since its
+    /// listing, 412) gives its bytes back to the unread budget at once
+    /// instead of holding them until it expires.
+    #[tokio::test]
+    async fn a_failed_prefetch_holds_no_budget() {
+        let store = Arc::new(MemStore::default());
+        let listing = dir(&store, 3, 100);
+        store.put("d/k002", vec![9u8; 100]);
+        let p = prefetcher(&store, 1000, 64);
+        p.take("d/k000", &listing.entries[0].etag, 100);
+        p.missed("d/k000", "d/", listing.clone(), None).await;
+        settle(&p).await;
+        assert_eq!(p.unread_bytes(), 100, "only k001 is held");
+        assert!(!p.inner.lock().unwrap().held.contains_key("d/k002"));
     }
 }
