@@ -129,9 +129,8 @@ pub struct CacheConfig {
     /// and their cached copies are not sealed (no `fdatasync` per object):
     /// read through lakemount, a file that fits one FUSE read costs less
     /// than registering and dropping a backing file for each open. 64 KiB:
-    /// 20k files of 4-12 KB read again (epoch 2) took 2.64 s through
-    /// lakemount against 3.01 s by passthrough (medians of 3, bench/RESULTS.md).
-    /// 0: every fully cached file.
+    /// one FUSE read; the measurement is in docs/CACHE.md. 0: every fully
+    /// cached file.
     #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub passthrough_min_size: u64,
 }

@@ -71,11 +71,10 @@ pub struct ReadConfig {
     /// small, a shard (100 MB+) is not, and one GET fetches it whole. 0: off.
     #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub small_max_size: u64,
-    /// Small-object prefetch GETs in flight at once, 1-1024. 128: with 20 ms
-    /// to a small GET's first byte that is ~6,400 objects/s; measured, 128
-    /// came near the test server's parallel limit where 64 stayed ~1.5x
-    /// short of it (bench/RESULTS.md), and a server that cannot keep up
-    /// only queues them.
+    /// Small-object prefetch GETs in flight at once, 1-1024. 128: enough to
+    /// reach a server's parallel limit at a 10-30 ms first byte, where 64
+    /// fell short (docs/READAHEAD.md); a server that cannot keep up only
+    /// queues them.
     pub small_max_in_flight: usize,
     /// Bytes of small objects prefetched but not opened yet, at most. They
     /// are held in memory and also reserved from `memory_budget`. `None`: a

@@ -70,9 +70,8 @@ impl Part {
         let weak = Arc::downgrade(&held);
         // Boxed: a task's allocation is sized for its future and lives as
         // long as its JoinHandle (here, until the part is dropped), while a
-        // boxed future is freed as soon as the GET ends. Unboxed, the GET's
-        // future state (~20 KB with the S3 client) stayed with every part
-        // held, ~3x the bytes of a small object held for an open.
+        // boxed future is freed as soon as the GET ends, so a held part does
+        // not keep the S3 client's request state (docs/OPERATIONS.md).
         let task = tokio::spawn(Box::pin(async move {
             let got = fetch.await;
             if let Some(h) = weak.upgrade() {

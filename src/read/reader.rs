@@ -87,8 +87,8 @@ impl State {
     /// this size: the kernel sends read-ahead as several async reads of up to
     /// 1 MiB at once and FUSE dispatch runs them on many threads, so while the
     /// window is still small (64 KiB after open) a 1 MiB read two reads ahead
-    /// often arrives first; measured on the 10 Gbit/s link profile, 4-9
-    /// resets per 1 GiB fio read, each back to the initial window.
+    /// often arrives first, which reset the window without this tolerance
+    /// (docs/READAHEAD.md).
     fn continues_stream(&self, offset: u64, end: u64, initial: u64) -> bool {
         let tolerance = self
             .window
