@@ -195,11 +195,6 @@ impl<S: ObjectStore> Fs<S> {
         self
     }
 
-    /// Small-object read-ahead, when on.
-    pub fn small_prefetch(&self) -> Option<&Arc<SmallPrefetch<S>>> {
-        self.small.as_ref()
-    }
-
     /// The data cache, when one is configured.
     pub fn cache(&self) -> Option<&Arc<Cache>> {
         self.cache.as_ref()

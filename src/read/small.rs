@@ -361,12 +361,14 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     }
 
     /// Bytes fetched (or being fetched) and not opened yet.
-    pub fn unread_bytes(&self) -> u64 {
+    #[cfg(test)]
+    fn unread_bytes(&self) -> u64 {
         self.inner.lock().unwrap().unread
     }
 
     /// Objects waiting for a prefetch GET.
-    pub fn queued(&self) -> usize {
+    #[cfg(test)]
+    fn queued(&self) -> usize {
         self.inner.lock().unwrap().queue.len()
     }
 }
