@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use lakemount::cache::objfile::{MapFile, parse_map};
+use lakemount::cache::packfile::parse_pack;
 
 /// Every cached object in `dir`: its data file and its parsed block map.
 fn objects(dir: &Path) -> Vec<(PathBuf, MapFile)> {
@@ -33,12 +34,25 @@ fn objects(dir: &Path) -> Vec<(PathBuf, MapFile)> {
     v
 }
 
-/// Number of blocks the cache in `dir` holds (present records of all maps).
+/// Objects the packs of the cache in `dir` hold (records that check out).
+fn packed(dir: &Path) -> usize {
+    std::fs::read_dir(dir.join("lakemount-v2/packs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|f| std::fs::read(f.path()).ok())
+        .map(|b| parse_pack(&b).len())
+        .sum()
+}
+
+/// Number of blocks the cache in `dir` holds (present records of all maps,
+/// and packed objects: one block each).
 fn blocks(dir: &Path) -> usize {
     objects(dir)
         .iter()
         .map(|(_, m)| m.recs.iter().flatten().count())
-        .sum()
+        .sum::<usize>()
+        + packed(dir)
 }
 
 /// Waits until the cache in `dir` holds `n` blocks (writes are asynchronous).
@@ -267,11 +281,100 @@ fn corrupt_and_truncated_pieces_are_refetched() {
     assert!(log.contains("truncated"), "{log}");
 }
 
+/// Small files live in packs: a corrupt record is fetched again (and only
+/// it), and a data set of small files three times the cache keeps the limit.
+#[test]
+fn packed_small_files_refetch_a_corrupt_one_and_keep_the_limit() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "packed");
+    let n = 300;
+    let file = |i: usize| data(9_000 + i, 500 + i as u64);
+    for i in 0..n {
+        srv.put(&b, &format!("d{}/f{i:03}.jpg", i % 3), file(i));
+    }
+    let dir = TempDir::new("cache-packed");
+    let cache = dir.0.join("c");
+    let extra = "memory_size = 0\n";
+    // Small-object read-ahead off: every GET here is a cache miss's.
+    let mount = |extra: &str| {
+        MountSpec::new(&b)
+            .server(&srv)
+            .config(&format!(
+                "[read]\nsmall_max_size = 0\n{}",
+                cache_toml(&cache, extra)
+            ))
+            .mount()
+    };
+    let m = mount(extra);
+    for i in 0..20 {
+        assert!(read(&m, &format!("d{}/f{i:03}.jpg", i % 3)) == file(i));
+    }
+    wait_blocks(&cache, 20);
+    drop(m);
+    assert!(
+        objects(&cache).is_empty(),
+        "small files got files of their own"
+    );
+    // One data byte of f007 flipped in its pack.
+    let packs: Vec<PathBuf> = std::fs::read_dir(cache.join("lakemount-v2/packs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(packs.len(), 1);
+    let bytes = std::fs::read(&packs[0]).unwrap();
+    let rec = parse_pack(&bytes)
+        .into_iter()
+        .find(|r| r.header.len as usize == file(7).len())
+        .unwrap();
+    let at = rec.off + 40 + 100;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&packs[0])
+        .unwrap();
+    f.write_all_at(&[bytes[at as usize] ^ 0x08], at).unwrap();
+    drop(f);
+    srv.reset_counts();
+    let m = mount(extra);
+    for i in 0..20 {
+        assert!(
+            read(&m, &format!("d{}/f{i:03}.jpg", i % 3)) == file(i),
+            "f{i:03} differs"
+        );
+    }
+    assert_eq!(srv.request_count("GetObject"), 1, "{}", m.log());
+    assert!(m.log().contains("failed its CRC32C check"), "{}", m.log());
+    drop(m);
+    // About 2.7 MiB of small files through a 1 MiB cache, twice.
+    let max = 1u64 << 20;
+    let m = mount(&format!("{extra}max_size = {max}\n"));
+    for _epoch in 0..2 {
+        for i in 0..n {
+            assert!(
+                read(&m, &format!("d{}/f{i:03}.jpg", i % 3)) == file(i),
+                "f{i:03} differs"
+            );
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let held: u64 = std::fs::read_dir(cache.join("lakemount-v2/packs"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .map(|md| md.len())
+        .sum();
+    assert!(held > 0, "nothing cached");
+    assert!(held <= max, "cache holds {held} bytes, limit {max}");
+}
+
 #[test]
 fn full_tmpfs_and_vanished_dir_still_give_right_bytes() {
     let srv = private_server();
     let b = bucket_on(&srv, "tmpfs");
-    let files: Vec<Vec<u8>> = (0..8).map(|i| data(1 << 20, 200 + i)).collect();
+    // Large files (block files) and small ones (packed).
+    let files: Vec<Vec<u8>> = (0..12)
+        .map(|i| data(if i < 8 { 1 << 20 } else { 9_000 }, 200 + i))
+        .collect();
     for (i, d) in files.iter().enumerate() {
         srv.put(&b, &format!("f{i}"), d.clone());
     }
@@ -300,6 +403,12 @@ fn full_tmpfs_and_vanished_dir_still_give_right_bytes() {
     std::fs::remove_dir_all(&cache).unwrap();
     for (i, d) in files.iter().enumerate() {
         assert!(read(&m, &format!("f{i}")) == *d, "f{i} differs (dir gone)");
+    }
+    for (i, d) in files.iter().enumerate() {
+        assert!(
+            read(&m, &format!("f{i}")) == *d,
+            "f{i} differs (dir made again)"
+        );
     }
     assert!(m.log().contains("reading from S3 instead"), "{}", m.log());
 }
@@ -405,7 +514,17 @@ fn warm_fills_the_cache_reports_and_guards_its_size() {
     let dir = TempDir::new("cache-warm");
     let cache = dir.0.join("c");
     let extra = "memory_size = 0\n";
-    let m = mount_cached(&srv, &b, &cache, extra);
+    // Small-object read-ahead off: every GET here is a cache miss's.
+    let mount = |extra: &str| {
+        MountSpec::new(&b)
+            .server(&srv)
+            .config(&format!(
+                "[read]\nsmall_max_size = 0\n{}",
+                cache_toml(&cache, extra)
+            ))
+            .mount()
+    };
+    let m = mount(extra);
     let warm = |args: &[&str]| {
         lakemount_cmd(&srv.endpoint())
             .arg("warm")

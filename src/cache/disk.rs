@@ -9,6 +9,9 @@
 //!   holes. A fully cached object is thus its own FUSE passthrough backing file.
 //! - `objects/<h2>/<obj>.map`: which blocks are present, their CRC32C and last
 //!   read time, and the seal (see below).
+//! - `packs/<seq>.pack`: small objects (below `cache.passthrough_min_size`,
+//!   one block), many per file ([`pack`] has how; [`packfile`](super::packfile)
+//!   the format).
 //! - `lock`: held (flock) by the running lakemount; a second one is refused.
 //!
 //! A block is written to the data file first and its map record after it, so a
@@ -40,7 +43,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -52,9 +55,11 @@ use super::objfile::{self, Header, MapFile, Rec, Seal};
 use super::{CacheConfig, ObjectId, PieceKey, Size, human};
 use crate::telemetry::metrics as m;
 use index::{Index, Obj, alloc_size};
+use pack::Packer;
 
 mod evict;
 mod index;
+mod pack;
 
 /// Name of the cache's own directory inside `cache.dir`; the number changes
 /// with the on-disk format (`lakemount-v1` held one file per block; it is
@@ -138,6 +143,18 @@ pub struct DiskCache {
     /// The cache's file system frees a block's space by punching a hole
     /// (probed at open); without it objects are evicted whole.
     can_punch: bool,
+    /// The pack being appended to.
+    packer: Mutex<Packer>,
+    /// Packs open for reads, by sequence number.
+    pack_files: Mutex<LruCache<u64, Arc<File>>>,
+    /// A pack is closed past this many bytes: 1/16 of the limit at start
+    /// (eviction frees a pack at a time), within 64 KiB..64 MiB.
+    pack_target: u64,
+    /// Packs with a sequence number below this are from earlier runs (the
+    /// restart scan's); this process writes the others.
+    first_pack: u64,
+    /// Signalled when the restart scan has indexed the packs.
+    packs_ready: Condvar,
     _lock: File,
 }
 
@@ -154,7 +171,7 @@ impl DiskCache {
     /// created or written, or another lakemount holds it (names `cache.dir`).
     pub fn open(dir: &Path, config: &CacheConfig) -> anyhow::Result<Arc<Self>> {
         let root = dir.join(FORMAT_DIR);
-        for p in [root.clone(), root.join("objects")] {
+        for p in [root.clone(), root.join("objects"), root.join("packs")] {
             mkdir(&p).with_context(|| format!("cache.dir: cannot create {}", p.display()))?;
         }
         use std::os::unix::fs::PermissionsExt;
@@ -184,7 +201,24 @@ impl DiskCache {
                 "the cache's file system cannot punch holes: objects are evicted whole"
             );
         }
+        let first_pack = pack::last_pack(&root.join("packs")).map_or(0, |s| s + 1);
+        let limit = match evict::statvfs(&root) {
+            Some((total, free)) => config.max_size.bytes(total).min(free),
+            None => config.max_size.bytes(0),
+        };
+        let pack_target = (limit / 16).clamp(64 << 10, 64 << 20);
         let cache = Arc::new(Self {
+            packer: Mutex::new(Packer {
+                file: None,
+                off: 0,
+                next_seq: first_pack,
+            }),
+            pack_files: Mutex::new(LruCache::new(
+                std::num::NonZeroUsize::new(pack::OPEN_PACKS).unwrap(),
+            )),
+            pack_target,
+            first_pack,
+            packs_ready: Condvar::new(),
             can_punch,
             root,
             max_size: config.max_size,
@@ -202,6 +236,10 @@ impl DiskCache {
                 free: 0,
                 at_reserve: false,
                 scanned: false,
+                packed: HashMap::new(),
+                packs: HashMap::new(),
+                active_pack: None,
+                packs_scanned: false,
             }),
             pending: Mutex::new(HashMap::new()),
             pending_bytes: AtomicU64::new(0),
@@ -338,6 +376,9 @@ impl DiskCache {
         if self.pending.lock().unwrap().contains_key(&pk) {
             return true;
         }
+        if self.packable(size) {
+            return self.contains_packed(pk.obj);
+        }
         self.load(pk.obj, size);
         let ix = self.index.lock().unwrap();
         ix.objects
@@ -346,7 +387,8 @@ impl DiskCache {
             .is_some_and(|r| r.is_some())
     }
 
-    /// Bytes held (allocated size of all blocks and block maps).
+    /// Bytes held (allocated size of all blocks and block maps, and the
+    /// length of all packs).
     pub fn total_bytes(&self) -> u64 {
         self.index.lock().unwrap().total
     }
@@ -364,6 +406,9 @@ impl DiskCache {
     pub fn read(&self, pk: PieceKey, size: u64, len: u64) -> Option<Bytes> {
         if let Some(b) = self.pending.lock().unwrap().get(&pk) {
             return Some(b.clone());
+        }
+        if self.packable(size) {
+            return self.read_packed(pk.obj, len);
         }
         self.load(pk.obj, size);
         let now = SystemTime::now();
@@ -498,6 +543,9 @@ impl DiskCache {
     /// Writes block `pk` of an object of `size` bytes now. Returns whether it
     /// is cached. Failures are warnings, never errors.
     pub fn write(&self, pk: PieceKey, size: u64, data: &[u8]) -> bool {
+        if self.packable(size) {
+            return self.write_packed(pk.obj, data);
+        }
         let blocks = self.blocks_of(size);
         debug_assert!(pk.idx < blocks && !data.is_empty());
         let alloc = alloc_size(data.len() as u64);

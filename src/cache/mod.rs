@@ -12,6 +12,7 @@
 
 pub mod disk;
 pub mod objfile;
+pub mod packfile;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -125,12 +126,13 @@ pub struct CacheConfig {
     /// speed. Each such file was checked by CRC32C once and is served only
     /// while nothing changed it since (see docs/CACHE.md). Default true.
     pub passthrough: bool,
-    /// Files smaller than this many bytes are never served by passthrough,
-    /// and their cached copies are not sealed (no `fdatasync` per object):
+    /// Files smaller than this many bytes are never served by passthrough:
     /// read through lakemount, a file that fits one FUSE read costs less
-    /// than registering and dropping a backing file for each open. 64 KiB:
-    /// one FUSE read; the measurement is in docs/CACHE.md. 0: every fully
-    /// cached file.
+    /// than registering and dropping a backing file for each open. Their
+    /// cached copies are not sealed (no `fdatasync` per object), and those
+    /// that fit one block are stored many per file ([`packfile`]). 64 KiB:
+    /// one FUSE read; the measurements are in docs/CACHE.md. 0: every fully
+    /// cached file may be passed through, and nothing is packed.
     #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub passthrough_min_size: u64,
 }

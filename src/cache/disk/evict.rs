@@ -9,16 +9,18 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tracing::{debug, info, warn};
 
-use super::index::{ALLOC_UNIT, Index, alloc_size};
+use super::index::{ALLOC_UNIT, Index, PACKED_IDX, alloc_size};
 use super::*;
 
-/// Blocks and whole objects taken out of the index, whose disk space
+/// Blocks, whole objects and packs taken out of the index, whose disk space
 /// [`DiskCache::remove_victims`] then frees.
 pub(super) struct Victims {
     /// Blocks, each with whether its object has no block left.
     blocks: Vec<(PieceKey, bool)>,
     /// Objects removed whole.
     whole: Vec<ObjectId>,
+    /// Packs removed whole.
+    packs: Vec<u64>,
     /// Blocks taken in all.
     count: u64,
 }
@@ -43,11 +45,30 @@ impl DiskCache {
         })
     }
 
+    /// The pack of packed object `obj` (sequence number, bytes) when it may
+    /// be evicted whole now: not the active one, not already `chosen`, and
+    /// nothing in it read within [`PROTECT`] of `now`.
+    fn pack_victim(
+        ix: &Index,
+        obj: ObjectId,
+        chosen: &[u64],
+        now: SystemTime,
+    ) -> Option<(u64, u64)> {
+        let seq = ix.packed.get(&obj)?.pack;
+        if chosen.contains(&seq) || ix.active_pack == Some(seq) {
+            return None;
+        }
+        let pack = ix.packs.get(&seq)?;
+        (now.duration_since(pack.last_access).unwrap_or_default() >= PROTECT)
+            .then_some((seq, pack.bytes))
+    }
+
     /// Under the lock: takes least-recently-used blocks (or whole objects,
-    /// see [`Self::evicts_whole`]) out of the index until `need` more bytes fit
-    /// under the limit, and returns them for [`Self::remove_victims`]. `None`:
-    /// they cannot fit without evicting a block read within [`PROTECT`] (or
-    /// `need` exceeds the limit); then nothing is taken.
+    /// see [`Self::evicts_whole`], or whole packs) out of the index until
+    /// `need` more bytes fit under the limit, and returns them for
+    /// [`Self::remove_victims`]. `None`: they cannot fit without evicting a
+    /// block or packed object read within [`PROTECT`] (or `need` exceeds the
+    /// limit); then nothing is taken.
     pub(super) fn make_room(&self, ix: &mut Index, need: u64) -> Option<Victims> {
         if need > ix.limit {
             return None;
@@ -55,6 +76,7 @@ impl DiskCache {
         let now = SystemTime::now();
         let mut blocks = Vec::new();
         let mut whole = Vec::new();
+        let mut packs = Vec::new();
         let mut freed = 0;
         // Victims per object: taking all of an object's blocks frees its map too.
         let mut per_obj: HashMap<ObjectId, u64> = HashMap::new();
@@ -68,6 +90,14 @@ impl DiskCache {
             }
             if now.duration_since(e.last_access).unwrap_or_default() < PROTECT {
                 return None;
+            }
+            if k.idx == PACKED_IDX {
+                // An old object in a pack read lately: that pack stays.
+                if let Some((seq, bytes)) = Self::pack_victim(ix, k.obj, &packs, now) {
+                    freed += bytes;
+                    packs.push(seq);
+                }
+                continue;
             }
             if self.evicts_whole(ix, k.obj) {
                 if !Self::writing_any(ix, k.obj) {
@@ -89,22 +119,31 @@ impl DiskCache {
         if ix.total.saturating_sub(freed) + need > ix.limit {
             return None;
         }
-        let v = Self::take(ix, blocks, whole);
+        let v = Self::take(ix, blocks, whole, packs);
         metrics::counter!(m::CACHE_EVICTIONS).increment(v.count);
         Some(v)
     }
 
-    /// Takes `blocks` and the objects `whole` out of the index.
-    fn take(ix: &mut Index, blocks: Vec<PieceKey>, whole: Vec<ObjectId>) -> Victims {
+    /// Takes `blocks`, the objects `whole` and the packs `packs` out of the index.
+    fn take(
+        ix: &mut Index,
+        blocks: Vec<PieceKey>,
+        whole: Vec<ObjectId>,
+        packs: Vec<u64>,
+    ) -> Victims {
         let mut count = blocks.len() as u64;
         for obj in &whole {
             count += ix.objects.get(obj).map_or(0, |o| o.present);
             ix.drop_object(*obj);
         }
+        for &seq in &packs {
+            count += ix.drop_pack(seq);
+        }
         let blocks = blocks.into_iter().map(|k| (k, ix.drop_block(k))).collect();
         Victims {
             blocks,
             whole,
+            packs,
             count,
         }
     }
@@ -115,9 +154,9 @@ impl DiskCache {
         let v = {
             let mut ix = self.index.lock().unwrap();
             if self.evicts_whole(&ix, pk.obj) {
-                Self::take(&mut ix, Vec::new(), vec![pk.obj])
+                Self::take(&mut ix, Vec::new(), vec![pk.obj], Vec::new())
             } else {
-                Self::take(&mut ix, vec![pk], Vec::new())
+                Self::take(&mut ix, vec![pk], Vec::new(), Vec::new())
             }
         };
         self.remove_victims(v);
@@ -126,6 +165,7 @@ impl DiskCache {
     /// Frees the disk space of what [`Self::make_room`] or [`Self::sweep`]
     /// took out of the index.
     pub(super) fn remove_victims(&self, v: Victims) {
+        self.remove_packs(v.packs);
         for obj in v.whole {
             // A write may have started the object again meanwhile: keep it then.
             if !self.index.lock().unwrap().objects.contains_key(&obj) {
@@ -238,6 +278,8 @@ impl DiskCache {
             let mut over = ix.total.saturating_sub(ix.limit);
             let mut blocks = Vec::new();
             let mut whole = Vec::new();
+            let mut packs = Vec::new();
+            let mut expired_packed = Vec::new();
             for (k, e) in ix.lru.iter().rev() {
                 if !ix.evictable(k, e) || whole.contains(&k.obj) {
                     continue;
@@ -246,6 +288,15 @@ impl DiskCache {
                 let expire = idle > self.ttl;
                 if !(expire || (over > 0 && idle >= PROTECT)) {
                     break;
+                }
+                if k.idx == PACKED_IDX {
+                    if expire {
+                        expired_packed.push(k.obj);
+                    } else if let Some((seq, bytes)) = Self::pack_victim(ix, k.obj, &packs, now) {
+                        over = over.saturating_sub(bytes);
+                        packs.push(seq);
+                    }
+                    continue;
                 }
                 if self.evicts_whole(ix, k.obj) {
                     if !Self::writing_any(ix, k.obj) {
@@ -261,7 +312,15 @@ impl DiskCache {
                 over = over.saturating_sub(e.alloc);
                 blocks.push(*k);
             }
-            let v = Self::take(ix, blocks, whole);
+            let mut v = Self::take(ix, blocks, whole, packs);
+            // Expired packed objects go one by one; a pack left with nothing goes whole.
+            for obj in expired_packed {
+                if ix.packed.contains_key(&obj) {
+                    expired += 1;
+                    v.count += 1;
+                    v.packs.extend(ix.drop_packed(obj));
+                }
+            }
             metrics::gauge!(m::CACHE_DISK_BYTES).set(ix.total as f64);
             v
         };
@@ -276,6 +335,8 @@ impl DiskCache {
     /// background), removes leftovers of crashes and of older formats.
     pub(super) fn scan(self: Arc<Self>) {
         let started = Instant::now();
+        // First: reads of small objects wait for it.
+        let packed = self.scan_packs();
         if let Some(parent) = self.root.parent() {
             for old in OLD_FORMAT_DIRS {
                 let p = parent.join(old);
@@ -350,6 +411,7 @@ impl DiskCache {
         };
         info!(
             objects = n,
+            packed,
             bytes,
             secs = started.elapsed().as_secs_f64(),
             dir = %self.root.display(),

@@ -1,5 +1,7 @@
 //! The in-memory index of the disk cache: one LRU entry per cached block,
-//! and per object its block records, check state and seal.
+//! and per object its block records, check state and seal; for packed small
+//! objects ([`packfile`](super::super::packfile)) one LRU entry per object
+//! and where its record is.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -12,6 +14,37 @@ use super::super::{ObjectId, PieceKey};
 /// Allocation unit assumed for accounting: a block occupies its size rounded
 /// up to 4 KiB (the block size of ext4/xfs on NVMe by default).
 pub(super) const ALLOC_UNIT: u64 = 4096;
+
+/// Block index of the LRU entry of a packed object: no block of a block
+/// file ever has it, so an object cached both ways (after a change of
+/// `cache.passthrough_min_size`) has two distinct entries.
+pub(super) const PACKED_IDX: u64 = u64::MAX;
+
+/// Where a packed object's record is.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Packed {
+    /// The pack's sequence number.
+    pub(super) pack: u64,
+    /// Offset of the record's header in the pack, bytes.
+    pub(super) off: u64,
+    /// Object length, bytes.
+    pub(super) len: u32,
+    /// CRC32C of the object's bytes.
+    pub(super) crc: u32,
+}
+
+/// What the index knows of one pack file.
+pub(super) struct Pack {
+    /// Its length, bytes: all of it counts against the limit (records of
+    /// objects dropped one by one stay until the whole pack goes).
+    pub(super) bytes: u64,
+    /// Objects whose record in this pack the index still serves.
+    pub(super) live: u64,
+    /// Every object recorded in it (some may have moved on).
+    pub(super) objs: Vec<ObjectId>,
+    /// The latest last-read time of its objects.
+    pub(super) last_access: SystemTime,
+}
 
 /// One cached block in the LRU index.
 pub(super) struct Entry {
@@ -105,6 +138,15 @@ pub(super) struct Index {
     pub(super) at_reserve: bool,
     /// The restart scan has indexed the objects already on disk.
     pub(super) scanned: bool,
+    /// Packed objects.
+    pub(super) packed: HashMap<ObjectId, Packed>,
+    /// Pack files by sequence number.
+    pub(super) packs: HashMap<u64, Pack>,
+    /// The pack being appended to: never evicted.
+    pub(super) active_pack: Option<u64>,
+    /// The restart scan has indexed the packs already on disk (reads of
+    /// small objects wait for it).
+    pub(super) packs_scanned: bool,
 }
 
 impl Index {
@@ -201,6 +243,41 @@ impl Index {
                 }
             }
         }
+    }
+
+    /// Takes packed object `obj` out of the index. Returns its pack when that
+    /// has nothing left to serve and is not being appended to: the caller
+    /// removes its file with [`Index::drop_pack`].
+    pub(super) fn drop_packed(&mut self, obj: ObjectId) -> Option<u64> {
+        let p = self.packed.remove(&obj)?;
+        self.lru.pop(&PieceKey {
+            obj,
+            idx: PACKED_IDX,
+        });
+        let pack = self.packs.get_mut(&p.pack)?;
+        pack.live -= 1;
+        (pack.live == 0 && self.active_pack != Some(p.pack)).then_some(p.pack)
+    }
+
+    /// Takes pack `seq` and every object it serves out of the index; returns
+    /// the number of objects taken. Its file is the caller's to remove.
+    pub(super) fn drop_pack(&mut self, seq: u64) -> u64 {
+        let Some(pack) = self.packs.remove(&seq) else {
+            return 0;
+        };
+        self.total -= pack.bytes;
+        let mut n = 0;
+        for obj in pack.objs {
+            if self.packed.get(&obj).is_some_and(|p| p.pack == seq) {
+                self.packed.remove(&obj);
+                self.lru.pop(&PieceKey {
+                    obj,
+                    idx: PACKED_IDX,
+                });
+                n += 1;
+            }
+        }
+        n
     }
 
     pub(super) fn evictable(&self, k: &PieceKey, e: &Entry) -> bool {

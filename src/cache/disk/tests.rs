@@ -2,6 +2,7 @@
 
 use super::evict::parse_hex;
 use super::*;
+use crate::cache::packfile;
 
 const BS: u64 = 4096;
 
@@ -310,5 +311,193 @@ fn second_open_is_refused_and_restart_reindexes() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(!d.join("lakemount-v1").exists(), "old format kept");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Like [`cfg`], with objects below 64 KiB (one block here) packed.
+fn pcfg(dir: &Path, max: u64) -> CacheConfig {
+    CacheConfig {
+        passthrough_min_size: 64 << 10,
+        ..cfg(dir, max)
+    }
+}
+
+fn small(i: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (i * 31 + j as u64 * 7) as u8).collect()
+}
+
+fn popen(d: &Path, max: u64) -> Arc<DiskCache> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match DiskCache::open(d, &pcfg(d, max)) {
+            Ok(c) => return c,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+fn pack_files(d: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(d.join("lakemount-v2/packs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn small_objects_are_packed_read_back_and_found_after_a_restart() {
+    let d = tmpdir("pack");
+    let c = popen(&d, 1 << 30);
+    let len = |i: u64| 500 + i as usize * 10;
+    for i in 0..100 {
+        let o = obj(&format!("s{i}"));
+        assert!(c.write(pk(o, 0), len(i) as u64, &small(i, len(i))));
+    }
+    // No file of their own: one pack holds them all.
+    assert!(!c.data_path(obj("s0")).exists() && !c.map_path(obj("s0")).exists());
+    assert_eq!(pack_files(&d).len(), 1);
+    let recs: u64 = (0..100).map(|i| packfile::HEADER_LEN + len(i) as u64).sum();
+    assert_eq!(c.total_bytes(), recs);
+    for i in 0..100 {
+        let o = obj(&format!("s{i}"));
+        assert!(c.contains(pk(o, 0), len(i) as u64));
+        assert_eq!(
+            c.read(pk(o, 0), len(i) as u64, len(i) as u64).unwrap(),
+            small(i, len(i))
+        );
+    }
+    drop(c);
+    let c = popen(&d, 1 << 30);
+    for i in 0..100 {
+        let o = obj(&format!("s{i}"));
+        let got = c.read(pk(o, 0), len(i) as u64, len(i) as u64);
+        assert_eq!(
+            got.as_deref(),
+            Some(&small(i, len(i))[..]),
+            "s{i} after restart"
+        );
+    }
+    assert_eq!(c.total_bytes(), recs);
+    // New records go to a pack of their own, never appended to an old one.
+    assert!(c.write(pk(obj("new"), 0), 300, &small(7, 300)));
+    assert_eq!(pack_files(&d).len(), 2);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn a_corrupt_or_torn_packed_object_is_dropped_and_the_others_kept() {
+    let d = tmpdir("packbad");
+    let c = popen(&d, 1 << 30);
+    for i in 0..10 {
+        assert!(c.write(pk(obj(&format!("s{i}")), 0), 1000, &small(i, 1000)));
+    }
+    drop(c);
+    let pack = pack_files(&d).pop().unwrap();
+    let f = OpenOptions::new().write(true).open(&pack).unwrap();
+    // Object 5: one data byte flipped. Object 9 (the last): cut short.
+    let rec = packfile::HEADER_LEN + 1000;
+    let at = 5 * rec + packfile::HEADER_LEN + 17;
+    let mut b = [0u8];
+    File::open(&pack)
+        .unwrap()
+        .read_exact_at(&mut b, at)
+        .unwrap();
+    f.write_all_at(&[b[0] ^ 0x40], at).unwrap();
+    f.set_len(10 * rec - 1).unwrap();
+    drop(f);
+    let c = popen(&d, 1 << 30);
+    assert!(
+        c.read(pk(obj("s5"), 0), 1000, 1000).is_none(),
+        "corrupt object served"
+    );
+    assert!(!c.contains(pk(obj("s5"), 0), 1000));
+    assert!(!c.contains(pk(obj("s9"), 0), 1000), "torn record indexed");
+    for i in [0, 4, 6, 8] {
+        assert_eq!(
+            c.read(pk(obj(&format!("s{i}")), 0), 1000, 1000).unwrap(),
+            small(i, 1000)
+        );
+    }
+    // Written again, object 5 reads back (from a new pack).
+    assert!(c.write(pk(obj("s5"), 0), 1000, &small(5, 1000)));
+    assert_eq!(
+        c.read(pk(obj("s5"), 0), 1000, 1000).unwrap(),
+        small(5, 1000)
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn packs_are_evicted_whole_least_recent_first_and_young_ones_protected() {
+    let d = tmpdir("packlimit");
+    // 1 MiB limit: packs of 64 KiB, 21 records of 3,000 bytes each.
+    let max = 1 << 20;
+    let c = popen(&d, max);
+    let rec = packfile::HEADER_LEN + 3000;
+    let mut n = 0;
+    while c.write(pk(obj(&format!("s{n}")), 0), 3000, &small(n, 3000)) {
+        n += 1;
+        assert!(n < 1000, "limit not kept");
+    }
+    // Full of objects read just now: refused, nothing evicted.
+    assert!(n * rec <= max && (n + 1) * rec > max, "{n} objects fit");
+    assert!(c.total_bytes() <= max);
+    assert!(c.contains(pk(obj("s0"), 0), 3000));
+    age_all(&c);
+    {
+        let mut ix = c.index.lock().unwrap();
+        let old = SystemTime::now() - PROTECT * 2;
+        ix.packs.values_mut().for_each(|p| p.last_access = old);
+    }
+    // s1 read now: its pack (the first) is young again, so the second goes.
+    assert!(c.read(pk(obj("s1"), 0), 3000, 3000).is_some());
+    let before = pack_files(&d);
+    assert!(c.write(pk(obj("new"), 0), 3000, &small(999, 3000)));
+    assert!(c.total_bytes() <= max);
+    assert!(
+        c.contains(pk(obj("s0"), 0), 3000),
+        "a young pack was evicted"
+    );
+    assert!(
+        !c.contains(pk(obj("s21"), 0), 3000),
+        "the least recent pack stayed"
+    );
+    assert!(!c.contains(pk(obj("s41"), 0), 3000));
+    assert!(c.contains(pk(obj(&format!("s{}", n - 1)), 0), 3000));
+    let after = pack_files(&d);
+    assert!(
+        !after.contains(&before[1]),
+        "the evicted pack's file stayed"
+    );
+    assert!(after.contains(&before[0]));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn expired_packed_objects_go_and_a_pack_left_empty_is_removed() {
+    let d = tmpdir("packttl");
+    let c = popen(&d, 1 << 20);
+    // Two packs: 21 objects fill the first (64 KiB), the 22nd starts the second.
+    for i in 0..22 {
+        assert!(c.write(pk(obj(&format!("s{i}")), 0), 3000, &small(i, 3000)));
+    }
+    let packs = pack_files(&d);
+    assert_eq!(packs.len(), 2);
+    {
+        let mut ix = c.index.lock().unwrap();
+        let old = SystemTime::now() - Duration::from_secs(c.ttl.as_secs() + 10);
+        for (_, e) in ix.lru.iter_mut() {
+            e.last_access = old;
+        }
+    }
+    assert_eq!(c.sweep(), 22);
+    // The first pack served nothing any more: gone. The second is being
+    // appended to: kept, its space still counted.
+    assert_eq!(pack_files(&d), vec![packs[1].clone()]);
+    assert_eq!(c.total_bytes(), packfile::HEADER_LEN + 3000);
+    assert!(!c.contains(pk(obj("s0"), 0), 3000) && !c.contains(pk(obj("s21"), 0), 3000));
     std::fs::remove_dir_all(&d).unwrap();
 }
