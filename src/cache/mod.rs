@@ -286,6 +286,58 @@ impl Cache {
         }
     }
 
+    /// `range` (bytes, end exclusive, within `size`) of `key` at `etag` when
+    /// every block of it is in the memory tier: no I/O and no wait, so a read
+    /// can be answered on the thread that asked. `None`: some block is not.
+    pub fn memory_range(
+        &self,
+        key: &str,
+        etag: &str,
+        size: u64,
+        range: std::ops::Range<u64>,
+    ) -> Option<Segments> {
+        debug_assert!(range.start < range.end && range.end <= size);
+        let mem = self.memory.as_ref()?;
+        let obj = self.object_id(key, etag);
+        let first = range.start / self.block_size;
+        let last = (range.end - 1) / self.block_size;
+        let blocks = (first..=last)
+            .map(|idx| mem.get(&PieceKey { obj, idx }))
+            .collect::<Option<Vec<Bytes>>>()?;
+        for b in &blocks {
+            metrics::counter!(m::CACHE_HITS, "tier" => SRC_MEMORY).increment(1);
+            served(SRC_MEMORY, b.len() as u64, None);
+        }
+        let out = self.slice_blocks(blocks, first, &range);
+        (out.len() as u64 == range.end - range.start).then_some(out)
+    }
+
+    /// The bytes of `range` out of consecutive `blocks` starting at block
+    /// `first`, as segments: whole blocks are shared, not copied. A block used
+    /// only in part is copied, so the caller holds just the bytes it asked for
+    /// (and reserved in the read-ahead budget), not the rest of an edge block.
+    fn slice_blocks(
+        &self,
+        blocks: Vec<Bytes>,
+        first: u64,
+        range: &std::ops::Range<u64>,
+    ) -> Segments {
+        let mut out = Segments::new();
+        for (i, b) in blocks.into_iter().enumerate() {
+            let bstart = (first + i as u64) * self.block_size;
+            let from = range.start.saturating_sub(bstart) as usize;
+            let to = ((range.end - bstart) as usize).min(b.len());
+            if from < to {
+                out.push(if to - from == b.len() {
+                    b
+                } else {
+                    Bytes::copy_from_slice(&b[from..to])
+                });
+            }
+        }
+        out
+    }
+
     /// Reads `range` (bytes, end exclusive, within `size`) of `key` at `etag`
     /// through the cache. Errors: only the store's (a failing cache falls back
     /// to the store); [`StoreError::PreconditionFailed`] when the object changed.
@@ -377,24 +429,11 @@ impl Cache {
                 }
             }
         }
-        // The requested range out of the blocks, as segments: whole blocks
-        // are shared, not copied. A block used only in part is copied, so the
-        // caller holds just the bytes it asked for (and reserved in the
-        // read-ahead budget), not the rest of an edge block.
-        let mut out = Segments::new();
-        for (i, b) in blocks.into_iter().enumerate() {
-            let b = b.ok_or_else(|| StoreError::Other("cache: block missing".into()))?;
-            let bstart = (first + i as u64) * bs;
-            let from = range.start.saturating_sub(bstart) as usize;
-            let to = ((range.end - bstart) as usize).min(b.len());
-            if from < to {
-                out.push(if to - from == b.len() {
-                    b
-                } else {
-                    Bytes::copy_from_slice(&b[from..to])
-                });
-            }
-        }
+        let blocks = blocks
+            .into_iter()
+            .collect::<Option<Vec<Bytes>>>()
+            .ok_or_else(|| StoreError::Other("cache: block missing".into()))?;
+        let out = self.slice_blocks(blocks, first, &range);
         if out.len() as u64 != range.end - range.start {
             return Err(StoreError::Transient(format!(
                 "GET {key}: got {} bytes for {}..{}",

@@ -51,7 +51,8 @@ pub(crate) struct Part {
     data: PartFuture,
     /// The part's bytes once its GET ends (before anyone awaits `data`).
     held: Arc<Held>,
-    abort: tokio::task::AbortHandle,
+    /// The GET's task; `None` for a part whose bytes were at hand ([`Part::ready`]).
+    abort: Option<tokio::task::AbortHandle>,
     /// Bytes of this part returned to readers so far.
     pub(crate) delivered: u64,
 }
@@ -90,14 +91,31 @@ impl Part {
             end,
             data,
             held,
-            abort,
+            abort: Some(abort),
+            delivered: 0,
+        }
+    }
+
+    /// A part of `[start, end)` whose bytes `segs` are already at hand (the
+    /// memory tier of the cache): no task, so a read of it is answered at once.
+    pub(crate) fn ready(start: u64, end: u64, reservation: Reservation, segs: Segments) -> Part {
+        let held = Arc::new(Held {
+            result: OnceLock::from(Ok(segs)),
+            _reservation: reservation,
+        });
+        Part {
+            start,
+            end,
+            data: futures::future::ready(Ok(())).boxed().shared(),
+            held,
+            abort: None,
             delivered: 0,
         }
     }
 
     /// The GET has ended (bytes or error are in).
     pub(crate) fn is_finished(&self) -> bool {
-        self.abort.is_finished()
+        self.abort.as_ref().is_none_or(|a| a.is_finished())
     }
 
     /// The GET ended with an error.
@@ -125,8 +143,10 @@ impl Part {
 
 impl Drop for Part {
     fn drop(&mut self) {
-        if self.data.strong_count().unwrap_or(0) <= 1 {
-            self.abort.abort();
+        if let Some(abort) = &self.abort
+            && self.data.strong_count().unwrap_or(0) <= 1
+        {
+            abort.abort();
         }
         if let Some(segs) = self.bytes() {
             let unused = (segs.len() as u64).saturating_sub(self.delivered);

@@ -393,7 +393,16 @@ impl<S: ObjectStore> Reader<S> {
         }
     }
 
+    /// The part `[start, end)`: at once from the cache's memory tier when it
+    /// holds all of it, else a GET (through the cache when there is one).
     fn spawn_get(&self, start: u64, end: u64, reservation: Reservation) -> Part {
+        if let Some(segs) = self
+            .cache
+            .as_ref()
+            .and_then(|c| c.memory_range(&self.key, &self.etag, self.size, start..end))
+        {
+            return Part::ready(start, end, reservation, segs);
+        }
         let store = self.store.clone();
         let key = self.key.clone();
         let etag = self.etag.clone();
@@ -559,6 +568,42 @@ mod tests {
         // than one per 333-byte read (151 reads) once the window has grown.
         let gets = store.gets.load(Ordering::Relaxed);
         assert!((50..=70).contains(&gets), "gets = {gets}");
+    }
+
+    /// A read of what the cache's memory tier holds is answered at once
+    /// (no task to wait for) and sends no GET.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn reads_from_the_memory_tier_are_ready_at_once() {
+        let dir = std::env::temp_dir().join(format!("lakemount-ready-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let config = crate::cache::CacheConfig {
+            dir: Some(dir.clone()),
+            min_free: crate::cache::Size::Bytes(0),
+            block_size: 4096,
+            ..Default::default()
+        };
+        let cache = Cache::open("b", &config).unwrap().unwrap();
+        let store = Arc::new(MemStore::default());
+        let d = data(10_000);
+        let etag = store.put("k", d.clone());
+        let size = d.len() as u64;
+        let reader = || {
+            Reader::new(store.clone(), "k", &etag, size, cfg(), budget())
+                .with_cache(Some(cache.clone()))
+        };
+        // Not in memory yet: a GET, waited for.
+        let first = reader().begin_read(0, 10_000);
+        assert!(first.ready().is_none());
+        assert_eq!(first.finish().await.unwrap(), d);
+        let gets = store.gets.load(Ordering::Relaxed);
+        assert!(gets > 0);
+        // Every block in memory now: ready without a wait, no GET.
+        let again = reader().begin_read(0, 10_000).ready().unwrap().unwrap();
+        assert_eq!(again, d);
+        let part = reader().begin_read(5000, 100).ready().unwrap().unwrap();
+        assert_eq!(part, d[5000..5100]);
+        assert_eq!(store.gets.load(Ordering::Relaxed), gets);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The window keeps doubling up to `max_window` while reads stay
