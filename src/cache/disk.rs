@@ -155,6 +155,8 @@ pub struct DiskCache {
     first_pack: u64,
     /// Signalled when the restart scan has indexed the packs.
     packs_ready: Condvar,
+    /// Packed objects waiting for the pack writer thread.
+    pack_queue: Arc<pack::PackQueue>,
     _lock: File,
 }
 
@@ -219,6 +221,7 @@ impl DiskCache {
             pack_target,
             first_pack,
             packs_ready: Condvar::new(),
+            pack_queue: Arc::new(pack::PackQueue::default()),
             can_punch,
             root,
             max_size: config.max_size,
@@ -261,6 +264,11 @@ impl DiskCache {
             .name("lakemount-cache-scan".into())
             .spawn(move || scan.scan())
             .context("starting the cache index scan")?;
+        let (weak, queue) = (Arc::downgrade(&cache), cache.pack_queue.clone());
+        std::thread::Builder::new()
+            .name("lakemount-cache-pack".into())
+            .spawn(move || pack::writer(weak, queue))
+            .context("starting the cache pack writer")?;
         let weak = Arc::downgrade(&cache);
         let every = (cache.ttl / 16).clamp(Duration::from_secs(1), Duration::from_secs(60));
         std::thread::Builder::new()
@@ -517,7 +525,8 @@ impl DiskCache {
 
     /// Queues block `pk` (`data`) of an object of `size` bytes for writing,
     /// unless the write queue is full. Must be called inside a tokio runtime
-    /// (the write runs on its blocking pool).
+    /// (a block file's write runs on its blocking pool; packed objects go to
+    /// the pack writer thread, which appends them one after the other).
     pub fn admit(self: &Arc<Self>, pk: PieceKey, size: u64, data: Bytes) {
         let len = data.len() as u64;
         if self.pending_bytes.load(Ordering::Relaxed) + len > MAX_PENDING_BYTES {
@@ -532,6 +541,10 @@ impl DiskCache {
             p.insert(pk, data.clone());
         }
         self.pending_bytes.fetch_add(len, Ordering::Relaxed);
+        if self.packable(size) {
+            self.pack_queue.push(pk, size, data);
+            return;
+        }
         let me = self.clone();
         tokio::task::spawn_blocking(move || {
             me.write(pk, size, &data);

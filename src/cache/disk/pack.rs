@@ -11,10 +11,11 @@
 //! its record's bytes counted until its pack goes, and a pack with nothing
 //! left to serve is removed at once. Reads check each object's CRC32C.
 
+use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -29,6 +30,52 @@ use crate::cache::packfile::{self, HEADER_LEN, RecHeader};
 const PACK_SCAN_WAIT: Duration = Duration::from_secs(5);
 /// Pack files kept open for reads.
 pub(super) const OPEN_PACKS: usize = 64;
+
+/// Packed objects admitted and not yet written: (block key, object size,
+/// bytes), for the one pack writer thread ([`writer`]). One thread, because
+/// appends to the active pack are one at a time anyway; a blocking-pool task
+/// per object cost a thread wake each, and many threads waiting on the pack.
+#[derive(Default)]
+pub(super) struct PackQueue {
+    items: Mutex<VecDeque<(PieceKey, u64, Bytes)>>,
+    ready: Condvar,
+}
+
+impl PackQueue {
+    /// Queues one object for the writer.
+    pub(super) fn push(&self, pk: PieceKey, size: u64, data: Bytes) {
+        self.items.lock().unwrap().push_back((pk, size, data));
+        self.ready.notify_one();
+    }
+}
+
+/// The pack writer thread: writes what `queue` holds, in order, until the
+/// cache is gone.
+pub(super) fn writer(cache: Weak<DiskCache>, queue: Arc<PackQueue>) {
+    loop {
+        let batch: Vec<_> = {
+            let mut items = queue.items.lock().unwrap();
+            while items.is_empty() {
+                if cache.strong_count() == 0 {
+                    return;
+                }
+                items = queue
+                    .ready
+                    .wait_timeout(items, Duration::from_secs(1))
+                    .unwrap()
+                    .0;
+            }
+            items.drain(..).collect()
+        };
+        let Some(c) = cache.upgrade() else { return };
+        for (pk, size, data) in batch {
+            c.write(pk, size, &data);
+            c.pending.lock().unwrap().remove(&pk);
+            c.pending_bytes
+                .fetch_sub(data.len() as u64, Ordering::Relaxed);
+        }
+    }
+}
 
 /// The pack being appended to.
 pub(super) struct Packer {
