@@ -14,10 +14,16 @@ both epochs. Beside the mounts, the same run measures local disk (the same
 files) and the raw limit: bench/rawget GETs every object of the prefix with 32
 and 64 in flight (files) or the shards in 8 MiB ranges with 16 in flight (tar).
 
-The server is the in-memory one of testserver/ with an emulated time to first
-byte (--ttfb-ms, default 20): at 0 ms every request is answered at memory speed
-and what a mount does per small file (HEADs, LISTs, GETs one after another) is
-hidden. Writes the `torch` section of bench/RESULTS.md.
+The server (--server) is by default the in-memory one of testserver/ with an
+emulated time to first byte (--ttfb-ms, default 20): at 0 ms every request is
+answered at memory speed and what a mount does per small file (HEADs, LISTs,
+GETs one after another) is hidden. Writes the `torch` section of
+bench/RESULTS.md. `--server garage` runs the same against the single-node Garage
+of bench/harness.py (no emulated latency; data uploaded once per Garage data
+dir), with the TCP_NODELAY shim of bench/nodelay/ (--nodelay, default
+$BENCH_DIR/nodelay.so) or without it (`--nodelay none`: every small GET then
+waits ~40 ms on the client's Delayed ACK); such a run writes its own section,
+`torch-garage-nodelay` or `torch-garage-no-nodelay`, beside the `torch` one.
 """
 
 import argparse
@@ -65,14 +71,35 @@ def prefixes(files):
 
 
 def make_data(a, g):
-    """The data set, generated when missing, uploaded to the (in-memory) server."""
+    """The data set, generated when missing, uploaded when the server lacks it: at
+    every start of the in-memory server (which holds nothing before), once per Garage
+    data dir. As in harness.make_data, a marker in the server's dir
+    (`uploaded-BUCKET-torch-N.json`, the spec of what was uploaded; MemServer.start
+    removes every `uploaded-*`) says what the server holds."""
     d = gen_data(a)
     pf, pt = prefixes(a.files)
+    spec = dict(d["spec"], garage_block_size="256K")  # re-upload when Garage's block size changes
+    g.bucket(BUCKET)
+    up = os.path.join(g.dir, f"uploaded-{BUCKET}-torch-{a.files}.json")
+    have = None
+    if os.path.exists(up):
+        with open(up) as f:
+            have = json.load(f)
+    if have == spec:
+        log(f"  s3://{BUCKET}/{pf} and {pt}: already uploaded to this server ({up})")
+        d["uploaded"] = False
+        return d
+    log(f"uploading the torch data set to s3://{BUCKET}/{pf} and {pt} (at every start of the in-memory server; "
+        "once per Garage data dir)")
     env = h.s3_env(g)
     for sub, prefix in (("files", pf), ("shards", pt)):
         r = h.run([a.rawget, "put", "--bucket", BUCKET, "--dir", os.path.join(d["dir"], sub), "--prefix", prefix,
                    "--concurrency", "32"], env=env)
         log(f"  put {prefix}: " + json.dumps(h.last_json(r.stdout)))
+    with open(up + ".tmp", "w") as f:
+        json.dump(spec, f)
+    os.replace(up + ".tmp", up)
+    d["uploaded"] = True
     return d
 
 
@@ -125,7 +152,7 @@ def gen_data(a):
         log(f"  generated in {time.monotonic() - t:.0f} s")
     with open(manifest) as f:
         m = json.load(f)
-    return {"dir": data, "files": files_dir, "shards": shards_dir, "manifest": manifest,
+    return {"dir": data, "files": files_dir, "shards": shards_dir, "manifest": manifest, "spec": spec,
             "bytes": m["bytes"], "shard_names": m["shards"],
             "shard_bytes": sum(os.path.getsize(os.path.join(shards_dir, s)) for s in m["shards"])}
 
@@ -261,15 +288,23 @@ def run_loader(a, g, variant, root, manifest, pid=None, drop=3):
 
 
 def measure_raw(a, g, variant, d):
+    """The raw limit. With Garage the page cache is dropped first (`echo 1`), as before
+    every epoch of a mount: Garage serves its blocks from files, and the mounts' epochs
+    find them on disk, not in the page cache (the in-memory server holds its data in
+    its own memory: nothing to drop)."""
     pf, pt = prefixes(a.files)
     out = {}
     if variant == "files":
         for c in a.raw_concurrency:
             cmd = [a.rawget, "small", "--bucket", BUCKET, "--prefix", pf, "--concurrency", str(c), "--max-secs", "3600"]
+            if a.server == "garage":
+                drop_caches(1)
             out[f"small-{c}"] = raw_one(g, cmd, a.files)
     else:
         keys = ",".join(pt + s for s in d["shard_names"])
         cmd = [a.rawget, "seq", "--bucket", BUCKET, "--keys", keys, "--concurrency", "16", "--max-secs", "3600"]
+        if a.server == "garage":
+            drop_caches(1)
         out["seq-16"] = raw_one(g, cmd, None)
     return out
 
@@ -353,7 +388,9 @@ def fmt_reqs(reqs):
     get = reqs.get("GetObject", 0)
     lst = reqs.get("ListObjectsV2", 0) + reqs.get("ListObjects", 0)
     head = reqs.get("HeadObject", 0)
-    other = sum(v for k, v in reqs.items() if k not in ("GetObject", "ListObjectsV2", "ListObjects", "HeadObject"))
+    # h.BYTES_READ (Garage: bytes read from its block files) is not a request.
+    other = sum(v for k, v in reqs.items()
+                if k not in ("GetObject", "ListObjectsV2", "ListObjects", "HeadObject", h.BYTES_READ))
     txt = f"{get:,} / {lst:,} / {head:,}"
     return txt + (f" (+{other:,} other)" if other else "")
 
@@ -363,8 +400,39 @@ def med_reqs(runs, key):
     return {op: int(statistics.median(r.get(key, {}).get("requests", {}).get(op, 0) for r in runs)) for op in ops}
 
 
+def server_kind(meta):
+    """memory or garage (the raw JSON of a run before --server: memory)."""
+    return meta.get("server_kind", "memory")
+
+
+def section_name(meta):
+    """The run's section of the results file: `torch` for the in-memory server, one per
+    nodelay setting for Garage, so the suites of the servers stand side by side."""
+    if server_kind(meta) == "memory":
+        return "torch"
+    return "torch-garage-nodelay" if meta.get("nodelay") else "torch-garage-no-nodelay"
+
+
+def server_text(meta):
+    if server_kind(meta) == "memory":
+        return (f"Server: {meta['server']} with **{meta['ttfb_ms']:g} ms** emulated time to first byte on every GET, "
+                "HEAD and LIST (`--ttfb-ms`).")
+    shim = (f"**with the TCP_NODELAY shim** (`LD_PRELOAD={meta['nodelay']}`, bench/nodelay/nodelay.c)"
+            if meta.get("nodelay") else
+            "**without the TCP_NODELAY shim** (`--nodelay none`: Garage leaves Nagle's algorithm on, so a response "
+            "smaller than a loopback segment waits for the client's delayed ACK, ~40 ms per small GET)")
+    return (f"Server: Garage (`{meta['server']}`), one node on loopback with bench/harness.py's configuration "
+            "(LMDB metadata, 256 KiB blocks, no compression, no scrub), " + shim + "; `--ttfb-ms`: n/a (no emulated "
+            "time to first byte: Garage's own latency, on the same shared cores as the loader and the mount). "
+            "Garage serves its blocks from files: the page cache is dropped (`echo 1`) before every raw-get "
+            "measurement too. The data set was uploaded "
+            + ("at the start of this run." if meta.get("uploaded") else
+               "by an earlier run into the same Garage data dir (`$BENCH_DIR/garage`)."))
+
+
 def write(a, meta, results):
     L = []
+    garage = server_kind(meta) == "garage"
     started = datetime.datetime.fromisoformat(meta["started"])
     finished = datetime.datetime.fromisoformat(meta["finished"])
     mi = h.machine_info()
@@ -377,8 +445,7 @@ def write(a, meta, results):
     L.append("")
     L.append(f"Data: {n:,} files of 4-12 KiB ({meta['bytes'] / h.MIB:.0f} MiB) in {n // PER_DIR} directories of "
              f"{PER_DIR} (`{meta['prefix_files']}`), and the same samples in {meta['shards']} tar shards "
-             f"(`{meta['prefix_tar']}`). Server: {meta['server']} with **{meta['ttfb_ms']:g} ms** emulated time to "
-             "first byte on every GET, HEAD and LIST (`--ttfb-ms`). Loader: torch "
+             f"(`{meta['prefix_tar']}`). {server_text(meta)} Loader: torch "
              f"{meta.get('torch', '?')} `DataLoader`, `num_workers=4`, `batch_size=64`; `files`: map-style Dataset "
              "(ImageFolder-style index: scandir of the root and of each directory, then `shuffle=True`), each item "
              "`open(path, 'rb').read()`; `tar`: an IterableDataset whose 4 workers split the shards (shard order "
@@ -396,8 +463,13 @@ def write(a, meta, results):
              "page cache. Times are of the "
              "epochs only (the index is shown apart). e1 / raw: epoch-1 time over the raw limit's time for the same "
              "bytes (files: the fastest rawget setting, i.e. the server's parallel limit; 1.0 = as fast as a bare client); e2 / local: epoch-2 time "
-             "over local disk's epoch-2 time. Requests: counted by the server during the epoch, GET / LIST / HEAD. "
-             "CPU: the mount daemon's utime+stime (/proc/PID/stat) per 1,000 files, epoch 1 / epoch 2.")
+             "over local disk's epoch-2 time. Requests: counted by the server during the epoch, GET / LIST / HEAD"
+             + (" (Garage: `api_s3_request_counter` of its /metrics, which counts a request when its handler has "
+                "answered, i.e. the response headers are ready, not when it arrives as the in-memory server does: a "
+                "request the client abandons before its answer is not counted at all, and one still open when an "
+                "epoch ends counts in the epoch in which it is answered; under \"Every run\", the bytes Garage read "
+                "from its block files, in whole 256 KiB blocks)" if garage else "")
+             + ". CPU: the mount daemon's utime+stime (/proc/PID/stat) per 1,000 files, epoch 1 / epoch 2.")
     L.append("")
     for variant in meta["variants"]:
         L.append(f"### {variant}: {'20,000-file' if n == 20_000 else f'{n:,}-file'} "
@@ -463,7 +535,9 @@ def write(a, meta, results):
                     L.append(f"- {variant} {s} run {i + 1}: FAILED: {r['error'][:300]}")
                 elif "raw" in r:
                     L.append(f"- {variant} raw-get run {i + 1}: " + ", ".join(
-                        f"{k} {v['secs']:.2f} s" for k, v in r["raw"].items()))
+                        f"{k} {v['secs']:.2f} s"
+                        + (f" ({v['requests'].get(h.BYTES_READ, 0) / h.MIB:.1f} MiB of blocks read)" if garage else "")
+                        for k, v in r["raw"].items()))
                 else:
                     extra = ""
                     if r.get("mount_requests"):
@@ -472,6 +546,10 @@ def write(a, meta, results):
                         extra += f"; index {fmt_reqs(r['index']['requests'])}"
                     if "cache_bytes" in r:
                         extra += f"; cache {r['cache_bytes'] / h.MIB:.0f} MiB"
+                    if garage and s != "local-disk":
+                        extra += "; Garage read " + " / ".join(
+                            f"{r[e]['requests'].get(h.BYTES_READ, 0) / h.MIB:.1f}" for e in ("epoch1", "epoch2")) \
+                            + " MiB of blocks in e1 / e2"
                     L.append(f"- {variant} {s} run {i + 1}: {r['epoch1']['secs']:.2f} / {r['epoch2']['secs']:.2f} s"
                              f"{extra}")
     L.append("")
@@ -480,8 +558,23 @@ def write(a, meta, results):
     L.append("```sh")
     L.append(f"bench/run.sh torch {' '.join(meta['argv'])}".rstrip())
     L.append(f"bench/torch/setup.sh   # the venv: $BENCH_DIR/torch-venv (pip install torch numpy)")
-    L.append(f"target/release/lakemount-testserver --port 39810 --stats-port 39813 --bucket lakebench-full "
-             f"--bucket lakebench-quick --ttfb-ms {meta['ttfb_ms']:g}")
+    pb = meta.get("port_base", 39800)  # runs before it was recorded: the default
+    if garage:
+        if meta.get("nodelay"):
+            L.append(f"cc -shared -fPIC -O2 -o $BENCH_DIR/nodelay.so bench/nodelay/nodelay.c -ldl   # by bench/run.sh")
+        L.append(f"{'LD_PRELOAD=' + meta['nodelay'] + ' ' if meta.get('nodelay') else ''}garage -c "
+                 f"$BENCH_DIR/garage/garage.toml server   # config written by bench/harness.py (Garage.write_config: "
+                 f"S3 on 127.0.0.1:{pb}, /metrics on :{pb + 3}); Garage.start then assigns the layout, creates the "
+                 f"key bench-key and the bucket {BUCKET}")
+        when = "once per Garage data dir"
+    else:
+        L.append(f"target/release/lakemount-testserver --port {pb + 10} --stats-port {pb + 13} --bucket lakebench-full "
+                 f"--bucket lakebench-quick --ttfb-ms {meta['ttfb_ms']:g}")
+        when = "at every start of the in-memory server"
+    for sub, prefix in (("files", meta["prefix_files"]), ("shards", meta["prefix_tar"])):
+        L.append(f"bench/rawget/target/release/rawget put --bucket {BUCKET} --dir $BENCH_DIR/data/torch-{n}/{sub} "
+                 f"--prefix {prefix} --concurrency 32   # the upload, {when} (AWS_* and AWS_ENDPOINT_URL of the "
+                 "server in the environment, as for every rawget)")
     shown = set()
     for variant in meta["variants"]:
         for s in meta["systems"]:
@@ -504,7 +597,10 @@ def write(a, meta, results):
         L.append("Notes:")
         L.append("")
         L += [f"- {n}" for n in meta["notes"]]
-    h.save_section(a.results, "torch", f"PyTorch DataLoader over small files, {started:%Y-%m-%d}", L)
+    title = "PyTorch DataLoader over small files"
+    if garage:
+        title += f" on Garage, TCP_NODELAY shim {'on' if meta.get('nodelay') else 'off'}"
+    h.save_section(a.results, section_name(meta), f"{title}, {started:%Y-%m-%d}", L)
 
 
 # ------------------------------------------------------------------ main
@@ -518,7 +614,17 @@ def main():
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--files", type=int, default=20_000, help=f"files in the data set (a multiple of {PER_DIR})")
     p.add_argument("--shards", type=int, default=16)
-    p.add_argument("--ttfb-ms", type=float, default=20.0)
+    p.add_argument("--server", choices=["memory", "garage"], default="memory",
+                   help="S3 server: the in-memory one of testserver/ with --ttfb-ms (default) or the single-node "
+                        "Garage of bench/harness.py (data in $BENCH_DIR/garage, uploaded once)")
+    p.add_argument("--ttfb-ms", type=float, default=None,
+                   help="emulated time to first byte of every GET/HEAD/LIST, ms (in-memory server only; default 20)")
+    p.add_argument("--nodelay", metavar="PATH|none", default=None,
+                   help="Garage only: the LD_PRELOAD shim that sets TCP_NODELAY (bench/nodelay/nodelay.c; default "
+                        "$BENCH_DIR/nodelay.so when it exists, as bench/run.sh builds it); `none`: Garage without it, "
+                        "each small GET then stalls ~40 ms on the client's Delayed ACK")
+    p.add_argument("--garage", default=os.environ.get("GARAGE_BIN") or shutil.which("garage")
+                   or os.path.expanduser("~/.cargo/bin/garage"), help="the garage binary (--server garage)")
     p.add_argument("--raw-concurrency", default="32,64", help="GETs in flight of the raw limit (files)")
     p.add_argument("--drop-mounts", type=int, choices=[1, 3], default=1,
                    help="before each epoch of a mount: echo N > /proc/sys/vm/drop_caches (default 1: the page cache "
@@ -546,7 +652,30 @@ def main():
         write(a, raw["meta"], raw["results"])
         log(f"wrote {a.results} from {a.report}")
         return 0
-    a.server = "memory"
+    if a.server == "memory":
+        if a.nodelay is not None:
+            p.error("--nodelay is for --server garage (the in-memory server sets TCP_NODELAY itself)")
+        a.ttfb_ms = 20.0 if a.ttfb_ms is None else a.ttfb_ms
+        if a.ttfb_ms < 0:
+            p.error("--ttfb-ms must be >= 0")
+        preload = None
+    else:
+        if a.ttfb_ms is not None:
+            p.error("--ttfb-ms needs the in-memory server (--server memory); Garage has no emulated latency")
+        if not os.access(a.garage, os.X_OK):
+            p.error(f"no garage binary at {a.garage} (--garage, or GARAGE_BIN)")
+        if a.nodelay == "none":
+            preload = None
+        elif a.nodelay:
+            preload = os.path.abspath(a.nodelay)
+            if not os.path.exists(preload):
+                p.error(f"--nodelay {a.nodelay}: no such file (`none`: Garage without the shim)")
+        else:
+            preload = os.path.join(a.bench_dir, "nodelay.so")
+            if not os.path.exists(preload):
+                log(f"WARNING: no {preload}: Garage runs without the TCP_NODELAY shim, small GETs will stall ~40 ms "
+                    "each (bench/run.sh builds it from bench/nodelay/nodelay.c); the run is recorded as such")
+                preload = None
     a.raw_concurrency = [int(c) for c in a.raw_concurrency.split(",") if c]
     a.python = a.python or os.path.join(a.bench_dir, "torch-venv", "bin", "python")
     if not os.access(a.python, os.X_OK):
@@ -579,12 +708,21 @@ def main():
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
 
-    g = h.make_server(a)
+    g = h.make_server(a, preload)
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = h.loadavg()
     results = {}
     try:
         g.start()
+        if a.server == "garage":
+            # The shim is what this run is labelled with: check Garage has it, or not.
+            with open(f"/proc/{g.proc.pid}/maps") as f:
+                maps = f.read()
+            if preload and os.path.realpath(preload) not in maps:
+                raise RuntimeError(f"Garage (pid {g.proc.pid}) did not load {preload}")
+            if not preload and "nodelay" in maps:
+                raise RuntimeError(f"Garage (pid {g.proc.pid}) has a nodelay shim loaded (LD_PRELOAD in the "
+                                   "environment?) although the run is without one")
         d = make_data(a, g)
         pf, pt = prefixes(a.files)
         for i in range(a.runs):
@@ -613,7 +751,11 @@ def main():
         finished = datetime.datetime.now(datetime.timezone.utc)
         meta = {"started": started.isoformat(), "finished": finished.isoformat(), "runs": a.runs,
                 "systems": systems, "variants": variants, "files": a.files, "shards": a.shards,
-                "ttfb_ms": a.ttfb_ms, "drop_mounts": a.drop_mounts, "lakemount": lakemount_built,
+                "ttfb_ms": a.ttfb_ms if a.server == "memory" else None, "server_kind": a.server,
+                "nodelay": (("$BENCH_DIR" + preload[len(a.bench_dir):] if preload.startswith(a.bench_dir + os.sep)
+                             else preload) if preload else None),
+                "port_base": a.port_base, "uploaded": d["uploaded"],
+                "drop_mounts": a.drop_mounts, "lakemount": lakemount_built,
                 "bytes": d["bytes"], "prefix_files": pf, "prefix_tar": pt, "notes": a.note, "bench_dir": a.bench_dir,
                 "server": g.version(), "torch": torch_version, "argv": sys.argv[1:],
                 "load_before": load_before, "load_after": h.loadavg(),
