@@ -199,16 +199,23 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         metrics::counter!(m::SMALL_PREFETCH_HITS, "state" => state).increment(1);
         if let Some(cache) = &self.cache {
             // Written to the data cache once opened, as a reader's own GET
-            // would have been.
+            // would have been: here when the GET has ended (no task to
+            // wake), else by a task once it does.
             let (_, ended, bytes) = held.part.wanted();
-            let (cache, key, etag) = (cache.clone(), key.to_string(), etag.to_string());
-            tokio::spawn(async move {
-                if ended.await.is_ok()
-                    && let Some(Ok(segs)) = bytes.result()
-                {
-                    cache.admit_object(&key, &etag, size, segs);
+            match bytes.result() {
+                Some(Ok(segs)) => cache.admit_object(key, etag, size, segs),
+                Some(Err(_)) => {}
+                None => {
+                    let (cache, key, etag) = (cache.clone(), key.to_string(), etag.to_string());
+                    tokio::spawn(async move {
+                        if ended.await.is_ok()
+                            && let Some(Ok(segs)) = bytes.result()
+                        {
+                            cache.admit_object(&key, &etag, size, segs);
+                        }
+                    });
                 }
-            });
+            }
         }
         Taken::Prefetched(held.part)
     }
