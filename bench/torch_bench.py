@@ -46,14 +46,26 @@ sys.path.insert(0, HERE)
 import harness as h  # noqa: E402
 
 SYSTEMS = ["raw-get", "local-disk", "lakemount", "lakemount-nocache", "mount-s3", "rclone-full", "s3fs"]
-OPTIONAL = ["rclone-off"]  # selectable with --systems
+# Selectable with --systems. lakemount-off / -nocache-off: small-object read-ahead
+# off (read.small_max_size = 0); lakemount-half / -half-off: the data cache (disk
+# tier, no memory tier) holds half of the data set, with read-ahead on / off.
+OPTIONAL = ["rclone-off", "lakemount-off", "lakemount-nocache-off", "lakemount-half", "lakemount-half-off"]
+# The config file of each lakemount system ({half}: half of the data set, bytes).
+LAKEMOUNT_TOML = {
+    "lakemount-off": "[read]\nsmall_max_size = 0\n",
+    "lakemount-nocache-off": "[read]\nsmall_max_size = 0\n",
+    "lakemount-half": "[cache]\nmax_size = {half}\nmin_free = 0\nmemory_size = 0\n",
+    "lakemount-half-off": "[read]\nsmall_max_size = 0\n[cache]\nmax_size = {half}\nmin_free = 0\nmemory_size = 0\n",
+}
 VARIANTS = ["files", "tar"]
 BUCKET = "lakebench-full"
 PER_DIR = 200
 SEED = 3  # rawget gen-files seed: not tree/'s (seed 1), which has the same names
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 EPOCHS = 2
-DAEMON_NAMES = {"lakemount": "lakemount", "lakemount-nocache": "lakemount", "mount-s3": "mount-s3",
+DAEMON_NAMES = {"lakemount": "lakemount", "lakemount-nocache": "lakemount", "lakemount-off": "lakemount",
+                "lakemount-nocache-off": "lakemount", "lakemount-half": "lakemount",
+                "lakemount-half-off": "lakemount", "mount-s3": "mount-s3",
                 "rclone-full": "rclone", "rclone-off": "rclone", "s3fs": "s3fs"}
 
 
@@ -176,7 +188,7 @@ def cpu_secs(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
 
 
-def make_mount(name, a, g, cache_dir):
+def make_mount(name, a, g, cache_dir, data_bytes=0):
     """A fresh h.Mount of `name` (cache_dir: the empty cache directory of this run)."""
     mnt = os.path.join(a.bench_dir, "mnt", f"torch-{name}")
     logpath = os.path.join(a.bench_dir, "logs", f"torch-{name}.log")
@@ -185,10 +197,17 @@ def make_mount(name, a, g, cache_dir):
     if name.startswith("lakemount"):
         binary = a.lakemount
         cmd = [binary, "mount", f"s3://{BUCKET}", mnt, "--endpoint-url", g.endpoint, "--region", g.region]
-        if name == "lakemount":
+        if "nocache" not in name:
             cmd += ["--cache-dir", cache_dir]
+        if name in LAKEMOUNT_TOML:
+            conf = os.path.join(a.bench_dir, "logs", f"torch-{name}.toml")
+            with open(conf, "w") as f:
+                f.write(LAKEMOUNT_TOML[name].format(half=data_bytes // 2))
+            cmd += ["--config", conf]
         shown = "AWS_ACCESS_KEY_ID=.. AWS_SECRET_ACCESS_KEY=.. " + " ".join(
             [getattr(a, "lakemount_shown", binary), *cmd[1:]]).replace(h.REPO + "/", "")
+        if name in LAKEMOUNT_TOML:
+            shown += "   # the config file: " + LAKEMOUNT_TOML[name].format(half=data_bytes // 2).strip().replace("\n", "; ")
         return h.Mount(name, cmd, env, mnt, logpath, shown.replace(cache_dir, "CACHE_DIR"))
     if name == "mount-s3":
         binary = h.mount_s3_binary()
@@ -335,7 +354,7 @@ def measure(s, variant, a, g, d):
     cache_dir = os.path.join(a.bench_dir, f"torch-cache-{s}")
     shutil.rmtree(cache_dir, ignore_errors=True)
     os.makedirs(cache_dir)
-    mount = make_mount(s, a, g, cache_dir)
+    mount = make_mount(s, a, g, cache_dir, d["bytes"] if variant == "files" else d["shard_bytes"])
     before = g.counters()
     mount.start()
     try:
@@ -346,7 +365,7 @@ def measure(s, variant, a, g, d):
         r["cmd"] = mount.shown
         # Taken while mounted: mount-s3 empties its cache directory when it unmounts.
         du = h.run(["du", "-sb", cache_dir], check=False)
-        if s != "lakemount-nocache" and s != "s3fs" and s != "rclone-off" and du.returncode == 0:
+        if "nocache" not in s and s != "s3fs" and s != "rclone-off" and du.returncode == 0:
             r["cache_bytes"] = int(du.stdout.split()[0])
     finally:
         mount.stop()
@@ -430,6 +449,32 @@ def server_text(meta):
                "by an earlier run into the same Garage data dir (`$BENCH_DIR/garage`)."))
 
 
+def merge_raw(raws):
+    """One (meta, results) of several runs' raw JSON against the same server and
+    data set: the results of each system and variant pooled, each run named in
+    meta["parts"]. Errors: runs of different servers or data sets."""
+    metas = [r["meta"] for r in raws]
+    for m in metas[1:]:
+        for k in ("server_kind", "nodelay", "ttfb_ms", "files", "shards", "drop_mounts"):
+            if m.get(k) != metas[0].get(k):
+                sys.exit(f"--report: the runs differ in {k} ({metas[0].get(k)!r} vs {m.get(k)!r})")
+    built = {m.get("lakemount") for m in metas if any(s.startswith("lakemount") for s in m["systems"])}
+    if len(built) > 1:
+        sys.exit(f"--report: the runs measured different lakemount builds: {sorted(built)}")
+    meta = dict(metas[0])
+    meta["parts"] = metas
+    meta["systems"] = list(dict.fromkeys(s for m in metas for s in m["systems"]))
+    meta["variants"] = list(dict.fromkeys(v for m in metas for v in m["variants"]))
+    meta["started"] = min(m["started"] for m in metas)
+    meta["finished"] = max(m["finished"] for m in metas)
+    meta["notes"] = [n for m in metas for n in m.get("notes", [])]
+    results = {}
+    for r in raws:
+        for k, runs in r["results"].items():
+            results.setdefault(k, []).extend(runs)
+    return meta, results
+
+
 def write(a, meta, results):
     L = []
     garage = server_kind(meta) == "garage"
@@ -437,11 +482,16 @@ def write(a, meta, results):
     finished = datetime.datetime.fromisoformat(meta["finished"])
     mi = h.machine_info()
     n = meta["files"]
-    L.append(f"Run {started:%Y-%m-%d %H:%M}-{finished:%H:%M} UTC with `bench/run.sh torch {' '.join(meta['argv'])}`"
-             f" ({meta['runs']} run{'s' if meta['runs'] != 1 else ''} per cell, each cell the median); load "
-             f"average {meta['load_before']:.1f} before, {meta['load_after']:.1f} after ({mi['cores']} shared cores, "
-             f"{mi['cpu']}, {mi['memory_gib']} GiB, kernel {mi['kernel']}).")
-    L.append(f"lakemount: {meta.get('lakemount', '?')}. mount-s3: {meta.get('versions', {}).get('mount-s3', '?')}.")
+    for part in meta.get("parts", [meta]):
+        p_start = datetime.datetime.fromisoformat(part["started"])
+        p_end = datetime.datetime.fromisoformat(part["finished"])
+        L.append(f"Run {p_start:%Y-%m-%d %H:%M}-{p_end:%H:%M} UTC with `bench/run.sh torch {' '.join(part['argv'])}`"
+                 f" ({part['runs']} run{'s' if part['runs'] != 1 else ''} per cell, each cell the median"
+                 + (f"; systems {', '.join(part['systems'])}" if "parts" in meta else "")
+                 + f"); load average {part['load_before']:.1f} before, {part['load_after']:.1f} after "
+                 f"({mi['cores']} shared cores, {mi['cpu']}, {mi['memory_gib']} GiB, kernel {mi['kernel']}). "
+                 f"lakemount: {part.get('lakemount', '?')}.")
+    L.append(f"mount-s3: {meta.get('versions', {}).get('mount-s3', '?')}.")
     L.append("")
     L.append(f"Data: {n:,} files of 4-12 KiB ({meta['bytes'] / h.MIB:.0f} MiB) in {n // PER_DIR} directories of "
              f"{PER_DIR} (`{meta['prefix_files']}`), and the same samples in {meta['shards']} tar shards "
@@ -556,7 +606,8 @@ def write(a, meta, results):
     L.append("Commands:")
     L.append("")
     L.append("```sh")
-    L.append(f"bench/run.sh torch {' '.join(meta['argv'])}".rstrip())
+    for part in meta.get("parts", [meta]):
+        L.append(f"bench/run.sh torch {' '.join(part['argv'])}".rstrip())
     L.append(f"bench/torch/setup.sh   # the venv: $BENCH_DIR/torch-venv (pip install torch numpy)")
     pb = meta.get("port_base", 39800)  # runs before it was recorded: the default
     if garage:
@@ -640,17 +691,22 @@ def main():
     p.add_argument("--rawget", default=os.path.join(HERE, "rawget", "target", "release", "rawget"))
     p.add_argument("--port-base", type=int, default=int(os.environ.get("BENCH_PORT_BASE", "39800")))
     p.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"))
-    p.add_argument("--report", metavar="RAW_JSON", help="only rewrite RESULTS.md from an earlier run's raw JSON")
+    p.add_argument("--report", metavar="RAW_JSON", action="append",
+                   help="only rewrite RESULTS.md from an earlier run's raw JSON; repeated: one table of several "
+                        "runs of the same server and data set (e.g. the slow systems with fewer --runs)")
     p.add_argument("--note", action="append", default=[],
                    help="a note printed under the table (repeatable; with --report: added to the run's notes)")
     a = p.parse_args()
     a.bench_dir = os.path.abspath(a.bench_dir)
     if a.report:
-        with open(a.report) as f:
-            raw = json.load(f)
-        raw["meta"]["notes"] = raw["meta"].get("notes", []) + a.note
-        write(a, raw["meta"], raw["results"])
-        log(f"wrote {a.results} from {a.report}")
+        raws = []
+        for path in a.report:
+            with open(path) as f:
+                raws.append(json.load(f))
+        meta, results = merge_raw(raws) if len(raws) > 1 else (raws[0]["meta"], raws[0]["results"])
+        meta["notes"] = meta.get("notes", []) + a.note
+        write(a, meta, results)
+        log(f"wrote {a.results} from {', '.join(a.report)}")
         return 0
     if a.server == "memory":
         if a.nodelay is not None:
