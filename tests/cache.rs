@@ -514,17 +514,7 @@ fn warm_fills_the_cache_reports_and_guards_its_size() {
     let dir = TempDir::new("cache-warm");
     let cache = dir.0.join("c");
     let extra = "memory_size = 0\n";
-    // Small-object read-ahead off: every GET here is a cache miss's.
-    let mount = |extra: &str| {
-        MountSpec::new(&b)
-            .server(&srv)
-            .config(&format!(
-                "[read]\nsmall_max_size = 0\n{}",
-                cache_toml(&cache, extra)
-            ))
-            .mount()
-    };
-    let m = mount(extra);
+    let m = mount_cached(&srv, &b, &cache, extra);
     let warm = |args: &[&str]| {
         lakemount_cmd(&srv.endpoint())
             .arg("warm")

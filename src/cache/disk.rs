@@ -472,17 +472,10 @@ impl DiskCache {
         self.sample_latency(started.elapsed());
         let (persist, seal) = {
             let mut ix = self.index.lock().unwrap();
-            let persist = match ix.lru.get_mut(&pk) {
-                Some(e) => {
-                    e.last_access = now;
-                    let stale = now.duration_since(e.persisted).unwrap_or_default() > self.ttl / 16;
-                    if stale {
-                        e.persisted = now;
-                    }
-                    stale
-                }
-                None => false,
-            };
+            let persist = ix
+                .lru
+                .get_mut(&pk)
+                .is_some_and(|e| e.touch(now, self.ttl / 16));
             let seal = match ix.objects.get_mut(&pk.obj) {
                 Some(o) if o.recs[pk.idx as usize].is_some_and(|r| r.crc == crc) => {
                     o.set_checked(pk.idx as usize);
@@ -778,12 +771,10 @@ impl DiskCache {
         let now = SystemTime::now();
         let mut persist = Vec::new();
         for idx in 0..self.blocks_of(size) {
-            if let Some(e) = ix.lru.get_mut(&PieceKey { obj, idx }) {
-                e.last_access = now;
-                if now.duration_since(e.persisted).unwrap_or_default() > self.ttl / 16 {
-                    e.persisted = now;
-                    persist.push(idx);
-                }
+            if let Some(e) = ix.lru.get_mut(&PieceKey { obj, idx })
+                && e.touch(now, self.ttl / 16)
+            {
+                persist.push(idx);
             }
         }
         let recs: Vec<(u64, Rec)> = ix.objects.get(&obj).map_or(Vec::new(), |o| {

@@ -57,6 +57,20 @@ pub(super) struct Entry {
     pub(super) writing: bool,
 }
 
+impl Entry {
+    /// Records a read at `now`. Returns whether the last read time is due to
+    /// be persisted (last persisted over `persist_every` ago; then it counts
+    /// as persisted from now).
+    pub(super) fn touch(&mut self, now: SystemTime, persist_every: Duration) -> bool {
+        self.last_access = now;
+        let due = now.duration_since(self.persisted).unwrap_or_default() > persist_every;
+        if due {
+            self.persisted = now;
+        }
+        due
+    }
+}
+
 /// What the index knows of one cached object version.
 pub(super) struct Obj {
     /// Object size, bytes.

@@ -208,17 +208,10 @@ impl DiskCache {
         self.sample_latency(started.elapsed());
         let persist = {
             let mut ix = self.index.lock().unwrap();
-            let persist = match ix.lru.get_mut(&key) {
-                Some(e) => {
-                    e.last_access = now;
-                    let stale = now.duration_since(e.persisted).unwrap_or_default() > self.ttl / 16;
-                    if stale {
-                        e.persisted = now;
-                    }
-                    stale
-                }
-                None => false,
-            };
+            let persist = ix
+                .lru
+                .get_mut(&key)
+                .is_some_and(|e| e.touch(now, self.ttl / 16));
             if let Some(p) = ix.packs.get_mut(&loc.pack) {
                 p.last_access = p.last_access.max(now);
             }
