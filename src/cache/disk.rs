@@ -147,14 +147,18 @@ pub struct DiskCache {
     packer: Mutex<Packer>,
     /// Packs open for reads, by sequence number.
     pack_files: Mutex<LruCache<u64, Arc<File>>>,
-    /// A pack is closed past this many bytes: 1/16 of the limit at start
-    /// (eviction frees a pack at a time), within 64 KiB..64 MiB.
+    /// A pack is closed past this many bytes (or 1/16 of the limit in force,
+    /// when smaller): 1/16 of the limit at start (eviction frees a pack at a
+    /// time), within 64 KiB..64 MiB.
     pack_target: u64,
     /// Packs with a sequence number below this are from earlier runs (the
     /// restart scan's); this process writes the others.
     first_pack: u64,
     /// Signalled when the restart scan has indexed the packs.
     packs_ready: Condvar,
+    /// When the cache was opened: reads wait for the packs' scan until
+    /// a deadline counted from it.
+    opened_at: Instant,
     /// Packed objects waiting for the pack writer thread.
     pack_queue: Arc<pack::PackQueue>,
     _lock: File,
@@ -221,6 +225,7 @@ impl DiskCache {
             pack_target,
             first_pack,
             packs_ready: Condvar::new(),
+            opened_at: Instant::now(),
             pack_queue: Arc::new(pack::PackQueue::default()),
             can_punch,
             root,

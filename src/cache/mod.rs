@@ -304,12 +304,15 @@ impl Cache {
         let blocks = (first..=last)
             .map(|idx| mem.get(&PieceKey { obj, idx }))
             .collect::<Option<Vec<Bytes>>>()?;
-        for b in &blocks {
-            metrics::counter!(m::CACHE_HITS, "tier" => SRC_MEMORY).increment(1);
-            served(SRC_MEMORY, b.len() as u64, None);
-        }
+        let n = blocks.len() as u64;
+        let bytes: u64 = blocks.iter().map(|b| b.len() as u64).sum();
         let out = self.slice_blocks(blocks, first, &range);
-        (out.len() as u64 == range.end - range.start).then_some(out)
+        if out.len() as u64 != range.end - range.start {
+            return None;
+        }
+        metrics::counter!(m::CACHE_HITS, "tier" => SRC_MEMORY).increment(n);
+        served(SRC_MEMORY, bytes, None);
+        Some(out)
     }
 
     /// The bytes of `range` out of consecutive `blocks` starting at block

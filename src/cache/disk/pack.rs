@@ -25,8 +25,9 @@ use super::index::{Entry, PACKED_IDX, Pack, Packed};
 use super::*;
 use crate::cache::packfile::{self, HEADER_LEN, RecHeader};
 
-/// Longest a read of a small object waits for the restart scan to index
-/// the packs before it counts as a miss (then it is fetched from S3).
+/// Until this long after the cache was opened, reads of small objects wait
+/// for the restart scan to index the packs; after it, what the scan has not
+/// indexed yet is a miss (fetched from S3).
 const PACK_SCAN_WAIT: Duration = Duration::from_secs(5);
 /// Pack files kept open for reads.
 pub(super) const OPEN_PACKS: usize = 64;
@@ -123,21 +124,23 @@ impl DiskCache {
         self.packs_dir().join(pack_name(seq))
     }
 
-    /// The index, once the restart scan has indexed the packs (waited for
-    /// at most [`PACK_SCAN_WAIT`]).
+    /// The index, once the restart scan has indexed the packs: waited for
+    /// until [`PACK_SCAN_WAIT`] after the cache was opened, not longer (one
+    /// deadline for all callers, so a slow scan delays reads once, not each).
     fn scanned_index(&self) -> std::sync::MutexGuard<'_, Index> {
         let ix = self.index.lock().unwrap();
         if ix.packs_scanned {
             return ix;
         }
+        let left = (self.opened_at + PACK_SCAN_WAIT).saturating_duration_since(Instant::now());
         self.packs_ready
-            .wait_timeout_while(ix, PACK_SCAN_WAIT, |ix| !ix.packs_scanned)
+            .wait_timeout_while(ix, left, |ix| !ix.packs_scanned)
             .unwrap()
             .0
     }
 
     /// Whether packed object `obj` is on disk. Before the restart scan has
-    /// indexed the packs, waits for it (at most [`PACK_SCAN_WAIT`]).
+    /// indexed the packs, waits for it ([`PACK_SCAN_WAIT`]).
     pub(super) fn contains_packed(&self, obj: ObjectId) -> bool {
         self.scanned_index().packed.contains_key(&obj)
     }
@@ -152,7 +155,12 @@ impl DiskCache {
         match OpenOptions::new().read(true).write(true).open(&path) {
             Ok(f) => {
                 let f = Arc::new(f);
-                self.pack_files.lock().unwrap().put(seq, f.clone());
+                let mut open = self.pack_files.lock().unwrap();
+                // Removed meanwhile (remove_packs pops before it unlinks):
+                // read this once, keep no descriptor of it.
+                if self.index.lock().unwrap().packs.contains_key(&seq) {
+                    open.put(seq, f.clone());
+                }
                 Some(f)
             }
             Err(e) => {
@@ -168,7 +176,7 @@ impl DiskCache {
 
     /// Reads packed object `obj` (`len` bytes). `None`: not cached, expired
     /// or bad (a bad one is dropped and counted). Before the restart scan has
-    /// indexed the packs, waits for it (at most [`PACK_SCAN_WAIT`]).
+    /// indexed the packs, waits for it ([`PACK_SCAN_WAIT`]).
     pub(super) fn read_packed(&self, obj: ObjectId, len: u64) -> Option<Bytes> {
         let key = PieceKey {
             obj,
@@ -259,17 +267,20 @@ impl DiskCache {
     pub(super) fn write_packed(&self, obj: ObjectId, data: &[u8]) -> bool {
         let rec_len = HEADER_LEN + data.len() as u64;
         let mut w = self.packer.lock().unwrap();
-        let active_gone = {
+        let (active_gone, target) = {
             let ix = self.index.lock().unwrap();
             if ix.packed.contains_key(&obj) {
                 return true;
             }
             // Its file was found gone (the cache directory vanished).
-            w.file
+            let gone = w
+                .file
                 .as_ref()
-                .is_some_and(|(seq, _)| !ix.packs.contains_key(seq))
+                .is_some_and(|(seq, _)| !ix.packs.contains_key(seq));
+            // The limit may have shrunk since the open (others filled the disk).
+            (gone, self.pack_target.min((ix.limit / 16).max(64 << 10)))
         };
-        let full = w.off > 0 && w.off + rec_len > self.pack_target;
+        let full = w.off > 0 && w.off + rec_len > target;
         if (w.file.is_none() || full || active_gone)
             && let Err(e) = self.start_pack(&mut w)
         {
@@ -277,23 +288,37 @@ impl DiskCache {
             metrics::counter!(m::CACHE_SKIPPED, "reason" => "io_error").increment(1);
             return false;
         }
+        let mut victims = None;
+        for attempt in 0..2 {
+            let Some((seq, _)) = &w.file else {
+                return false;
+            };
+            let seq = *seq;
+            let mut ix = self.index.lock().unwrap();
+            self.refresh_limit(&mut ix, false);
+            if let Some(v) = self.make_room(&mut ix, rec_len) {
+                ix.total += rec_len;
+                if let Some(p) = ix.packs.get_mut(&seq) {
+                    p.bytes += rec_len;
+                }
+                victims = Some(v);
+                break;
+            }
+            drop(ix);
+            // Full: the active pack may be all there is, and it is never
+            // evicted. Close it (it becomes evictable) and try once more.
+            if attempt > 0 || w.off == 0 || self.start_pack(&mut w).is_err() {
+                break;
+            }
+        }
+        let Some(victims) = victims else {
+            metrics::counter!(m::CACHE_SKIPPED, "reason" => "full").increment(1);
+            return false;
+        };
         let Some((seq, file)) = &w.file else {
             return false;
         };
         let seq = *seq;
-        let victims = {
-            let mut ix = self.index.lock().unwrap();
-            self.refresh_limit(&mut ix, false);
-            let Some(v) = self.make_room(&mut ix, rec_len) else {
-                metrics::counter!(m::CACHE_SKIPPED, "reason" => "full").increment(1);
-                return false;
-            };
-            ix.total += rec_len;
-            if let Some(p) = ix.packs.get_mut(&seq) {
-                p.bytes += rec_len;
-            }
-            v
-        };
         self.remove_victims(victims);
         let now = SystemTime::now();
         let h = RecHeader {
@@ -307,11 +332,18 @@ impl DiskCache {
         rec.extend_from_slice(data);
         let off = w.off;
         let mut ix;
+        let mut emptied = None;
         match file.write_all_at(&rec, off) {
+            // Its pack was dropped meanwhile (its file found gone, bytes and
+            // all): the record is not indexed, and nothing is counted twice.
+            Ok(()) if !self.index.lock().unwrap().packs.contains_key(&seq) => {
+                w.off += rec_len;
+                ix = self.index.lock().unwrap();
+            }
             Ok(()) => {
                 w.off += rec_len;
                 ix = self.index.lock().unwrap();
-                ix.packed.insert(
+                let old = ix.packed.insert(
                     obj,
                     Packed {
                         pack: seq,
@@ -320,6 +352,16 @@ impl DiskCache {
                         crc: h.crc,
                     },
                 );
+                // The restart scan indexed it meanwhile from an older pack:
+                // that record no longer counts as served.
+                if let Some(old) = old.filter(|o| o.pack != seq)
+                    && let Some(p) = ix.packs.get_mut(&old.pack)
+                {
+                    p.live -= 1;
+                    if p.live == 0 {
+                        emptied = Some(old.pack);
+                    }
+                }
                 ix.lru.push(
                     PieceKey {
                         obj,
@@ -343,16 +385,20 @@ impl DiskCache {
                 self.warn_io("writing", &self.pack_path(seq), &e);
                 metrics::counter!(m::CACHE_SKIPPED, "reason" => "io_error").increment(1);
                 ix = self.index.lock().unwrap();
-                ix.total -= rec_len;
                 if let Some(p) = ix.packs.get_mut(&seq) {
                     p.bytes -= rec_len;
+                    ix.total -= rec_len;
                 }
                 // Re-read free space at the next write (ENOSPC: someone filled the disk).
                 ix.limit_checked = None;
             }
         }
         metrics::gauge!(m::CACHE_DISK_BYTES).set(ix.total as f64);
-        ix.packs.contains_key(&seq) && ix.packed.get(&obj).is_some_and(|p| p.pack == seq)
+        let cached =
+            ix.packs.contains_key(&seq) && ix.packed.get(&obj).is_some_and(|p| p.pack == seq);
+        drop(ix);
+        self.remove_packs(emptied.into_iter().collect());
+        cached
     }
 
     /// Closes the active pack (if any; it becomes evictable, or is removed

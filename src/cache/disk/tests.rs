@@ -501,3 +501,29 @@ fn expired_packed_objects_go_and_a_pack_left_empty_is_removed() {
     assert!(!c.contains(pk(obj("s0"), 0), 3000) && !c.contains(pk(obj("s21"), 0), 3000));
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn a_cache_smaller_than_a_pack_still_evicts_once_its_pack_is_closed() {
+    let d = tmpdir("packsmall");
+    // 48 KiB: less than the smallest pack target (64 KiB), so the active
+    // pack alone fills the cache and is never evicted while active.
+    let c = popen(&d, 48 << 10);
+    let mut n = 0;
+    while c.write(pk(obj(&format!("s{n}")), 0), 3000, &small(n, 3000)) {
+        n += 1;
+        assert!(n < 100, "limit not kept");
+    }
+    assert!(n > 0 && c.total_bytes() <= 48 << 10);
+    age_all(&c);
+    {
+        let mut ix = c.index.lock().unwrap();
+        let old = SystemTime::now() - PROTECT * 2;
+        ix.packs.values_mut().for_each(|p| p.last_access = old);
+    }
+    // Full again, but the full pack is closed and goes: the new object fits.
+    assert!(c.write(pk(obj("new"), 0), 3000, &small(999, 3000)));
+    assert!(c.read(pk(obj("new"), 0), 3000, 3000).is_some());
+    assert!(!c.contains(pk(obj("s0"), 0), 3000));
+    assert!(c.total_bytes() <= 48 << 10);
+    std::fs::remove_dir_all(&d).unwrap();
+}
