@@ -148,16 +148,17 @@ fn epoch_two_and_a_restart_read_from_disk_with_no_get() {
     assert_eq!(srv.request_count("HeadObject"), 0);
 }
 
-#[test]
-fn kill_9_then_remount_reuses_10000_pieces_within_5_seconds() {
+/// Reads `n` files (file `i` has `size(i)` bytes) through a cached mount,
+/// kills it with SIGKILL, remounts within 5 s and reads them all again with
+/// no GET.
+fn kill_9_then_remount_reads_with_no_get(tag: &str, n: usize, size: fn(usize) -> usize) {
     let srv = private_server();
-    let b = bucket_on(&srv, "kill9");
-    let n = 10_000;
+    let b = bucket_on(&srv, tag);
     let key = |i: usize| format!("d{:02}/f{i:05}.jpg", i % 50);
     for i in 0..n {
-        srv.put(&b, &key(i), data(700 + i % 300, i as u64));
+        srv.put(&b, &key(i), data(size(i), i as u64));
     }
-    let dir = TempDir::new("cache-kill9");
+    let dir = TempDir::new(&format!("cache-{tag}"));
     let cache = dir.0.join("c");
     let read_all = |m: &Mount| {
         std::thread::scope(|s| {
@@ -165,7 +166,7 @@ fn kill_9_then_remount_reuses_10000_pieces_within_5_seconds() {
                 s.spawn(move || {
                     for i in (t..n).step_by(8) {
                         let got = read(m, &key(i));
-                        assert!(got == data(700 + i % 300, i as u64), "{} differs", key(i));
+                        assert!(got == data(size(i), i as u64), "{} differs", key(i));
                     }
                 });
             }
@@ -173,7 +174,8 @@ fn kill_9_then_remount_reuses_10000_pieces_within_5_seconds() {
     };
     let mut m = mount_cached(&srv, &b, &cache, "");
     read_all(&m);
-    wait_blocks(&cache, n);
+    let blocks_of = |i: usize| size(i).div_ceil(1 << 20);
+    wait_blocks(&cache, (0..n).map(blocks_of).sum());
     let mut child = m.child.take().unwrap();
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
@@ -185,6 +187,18 @@ fn kill_9_then_remount_reuses_10000_pieces_within_5_seconds() {
     assert!(up < Duration::from_secs(5), "remount took {up:?}");
     read_all(&m);
     assert_eq!(srv.request_count("GetObject"), 0, "{}", m.log());
+}
+
+/// Small files: packed records.
+#[test]
+fn kill_9_then_remount_reuses_10000_pieces_within_5_seconds() {
+    kill_9_then_remount_reads_with_no_get("kill9", 10_000, |i| 700 + i % 300);
+}
+
+/// Files of their own (data file and block map each).
+#[test]
+fn kill_9_then_remount_reuses_block_files() {
+    kill_9_then_remount_reads_with_no_get("kill9b", 200, |i| 70_000 + i * 37);
 }
 
 #[test]
