@@ -331,18 +331,15 @@ impl DiskCache {
         rec.extend_from_slice(&h.encode());
         rec.extend_from_slice(data);
         let off = w.off;
-        let mut ix;
+        let written = file.write_all_at(&rec, off);
+        let mut ix = self.index.lock().unwrap();
         let mut emptied = None;
-        match file.write_all_at(&rec, off) {
+        match written {
             // Its pack was dropped meanwhile (its file found gone, bytes and
             // all): the record is not indexed, and nothing is counted twice.
-            Ok(()) if !self.index.lock().unwrap().packs.contains_key(&seq) => {
-                w.off += rec_len;
-                ix = self.index.lock().unwrap();
-            }
+            Ok(()) if !ix.packs.contains_key(&seq) => w.off += rec_len,
             Ok(()) => {
                 w.off += rec_len;
-                ix = self.index.lock().unwrap();
                 let old = ix.packed.insert(
                     obj,
                     Packed {
@@ -384,7 +381,6 @@ impl DiskCache {
             Err(e) => {
                 self.warn_io("writing", &self.pack_path(seq), &e);
                 metrics::counter!(m::CACHE_SKIPPED, "reason" => "io_error").increment(1);
-                ix = self.index.lock().unwrap();
                 if let Some(p) = ix.packs.get_mut(&seq) {
                     p.bytes -= rec_len;
                     ix.total -= rec_len;
