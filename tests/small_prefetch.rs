@@ -295,6 +295,44 @@ fn a_small_file_read_again_costs_an_open_and_a_release() {
     }
 }
 
+/// A loader that lists a directory first (names only, as ImageFolder's
+/// scandir) and opens its files later sends no lookup per file: every
+/// readdir batch is a readdirplus, so the kernel holds an entry for each
+/// name, not only for the first batch's.
+#[test]
+fn files_of_a_listed_directory_are_opened_without_lookups() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "smalllist");
+    let files = small_files(&srv, &b, "l", 300);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .args(&["--metrics-addr", &addr])
+        .mount();
+    let names: Vec<_> = std::fs::read_dir(m.p("l"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 300);
+    for (k, d) in &files {
+        assert!(std::fs::read(m.p(k)).unwrap() == *d, "{k} differs");
+    }
+    let body = scrape(&addr);
+    let op = |op: &str| {
+        metric(
+            &body,
+            &format!("lakemount_fuse_requests_total{{op=\"{op}\"}}"),
+        )
+    };
+    assert!(
+        op("readdirplus") > 2.0,
+        "one batch only, nothing shown:\n{body}"
+    );
+    assert_eq!(op("readdir"), 0.0, "plain readdir batches:\n{body}");
+    // The lookups of `l` itself, however the path walk goes.
+    assert!(op("lookup") <= 2.0, "lookups per file:\n{body}");
+}
+
 /// Without a data cache, once the page cache has let go of an epoch's
 /// files, the next epoch reads them from S3 again: its first read of an
 /// object already read starts a new round, and the directory is prefetched

@@ -327,9 +327,12 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_readahead(MAX_READAHEAD);
         let _ = config.set_max_background(MAX_BACKGROUND);
+        // READDIRPLUS on every readdir call, not READDIRPLUS_AUTO: with AUTO
+        // the kernel falls back to plain readdir after a directory's first
+        // batch unless lookups came in between, and a loader that lists
+        // first and opens later then sends one lookup per file.
         for cap in [
             InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_PARALLEL_DIROPS,
         ] {
             if let Err(missing) = config.add_capabilities(cap) {
