@@ -462,6 +462,71 @@ fn throttling_and_5xx_are_retried_then_read_succeeds() {
     }
 }
 
+/// A GET body that breaks part way (the connection cut, or no byte for the
+/// attempt timeout) is continued from its first missing byte: the file reads
+/// back exactly, with one more GET, and the server sends not one byte more
+/// than for an unbroken read.
+#[test]
+fn a_broken_get_body_is_resumed_from_its_first_missing_byte() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "bodycut");
+    for (dir, seed) in [("plain", 31), ("cut", 31), ("stall", 31)] {
+        srv.put(&b, &format!("{dir}/big"), data(3 << 20, seed));
+        srv.put(&b, &format!("{dir}/small"), data(9_000, seed + 1));
+    }
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .config("[s3]\nattempt_timeout_secs = 1.0\n")
+        .mount();
+    // What reading each file costs when nothing breaks.
+    let mut plain = Vec::new();
+    for name in ["big", "small"] {
+        srv.reset_counts();
+        std::fs::read(m.p(&format!("plain/{name}"))).unwrap();
+        plain.push((srv.request_count("GetObject"), srv.get_body_bytes()));
+    }
+    for (dir, stall) in [("cut", false), ("stall", true)] {
+        for ((name, size, seed), (gets, got)) in [("big", 3 << 20, 31), ("small", 9_000, 32)]
+            .into_iter()
+            .zip(&plain)
+        {
+            srv.reset_counts();
+            srv.break_bodies(&format!("{dir}/{name}"), 4_000, stall, 1);
+            let t = Instant::now();
+            let read = std::fs::read(m.p(&format!("{dir}/{name}"))).unwrap();
+            assert!(read == data(size, seed), "{dir}/{name}: bytes differ");
+            assert_eq!(
+                srv.request_count("GetObject"),
+                gets + 1,
+                "{dir}/{name}: GETs"
+            );
+            assert_eq!(srv.get_body_bytes(), *got, "{dir}/{name}: bytes sent");
+            if stall {
+                // The attempt timeout (1 s) plus at most one backoff (1 s).
+                assert!(t.elapsed() < Duration::from_secs(8), "{dir}/{name}");
+            }
+        }
+    }
+}
+
+/// A body that breaks on every attempt ends in EIO, never in short or
+/// mixed bytes.
+#[test]
+fn a_body_broken_on_every_attempt_is_eio() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "bodycuteio");
+    srv.put(&b, "e/f", data(200_000, 41));
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .config("[s3]\nmax_attempts = 2\n")
+        .mount();
+    assert_eq!(names(&m.p("e")), ["f"]);
+    srv.break_bodies("e/", 1_000, false, 100);
+    assert_errno(std::fs::read(m.p("e/f")), libc::EIO, "read of a cut body");
+    srv.break_bodies("e/", 0, false, 0);
+    assert!(std::fs::read(m.p("e/f")).unwrap() == data(200_000, 41));
+}
+
 #[test]
 fn get_failing_past_retries_is_eio_not_enoent() {
     let srv = private_server();

@@ -1,10 +1,12 @@
 //! The object store layer: one small async trait ([`ObjectStore`]) with typed
-//! errors ([`StoreError`]). `store/s3.rs` is the only importer of `aws-sdk-s3`;
-//! `store/mem.rs` is an in-memory store for unit tests of logic above this layer.
+//! errors ([`StoreError`]). `store/s3.rs` and `store/get.rs` are the only
+//! importers of `aws-sdk-s3`; `store/mem.rs` is an in-memory store for unit
+//! tests of logic above this layer.
 //!
 //! Keys passed to and returned from this layer are full object keys in the bucket
 //! (the mount prefix already applied).
 
+mod get;
 pub mod mem;
 pub mod pool;
 pub mod s3;

@@ -1,9 +1,13 @@
-//! [`ObjectStore`] over `aws-sdk-s3`: the only module that imports the SDK.
+//! [`ObjectStore`] over `aws-sdk-s3`: with `store/get.rs` the only modules
+//! that import the SDK. LIST and HEAD are SDK calls; GETs go through
+//! [`DirectGet`] (the SDK's connector, signer and endpoint rules without its
+//! orchestrator) unless the endpoint needs what only the SDK does.
 //!
 //! Retries: the SDK's standard retry strategy (exponential backoff with jitter)
 //! retries throttling (503 SlowDown), 5xx and transport faults up to
-//! [`S3Config::max_attempts`] times; what is left is returned as a typed
-//! [`StoreError`]. Every call is counted in `lakemount_s3_requests_total{op,status}`.
+//! [`S3Config::max_attempts`] times, and `DirectGet` follows the same rule;
+//! what is left is returned as a typed [`StoreError`]. Every call is counted in
+//! `lakemount_s3_requests_total{op,status}`.
 
 use std::ops::Range;
 use std::path::PathBuf;
@@ -19,6 +23,10 @@ use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use bytes::Bytes;
 use serde::Deserialize;
 
+use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
+use aws_smithy_runtime_api::client::http::HttpConnectorSettings;
+
+use super::get::{self, DirectGet};
 use super::pool::BufferPool;
 use super::{ListPage, ObjectMeta, ObjectStore, StoreError};
 use crate::telemetry::metrics as m;
@@ -80,6 +88,9 @@ pub struct S3Store {
     url_listing: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Buffers of GET bodies, reused ([`super::pool`]).
     pool: BufferPool,
+    /// GETs without the SDK's orchestrator ([`super::get`]); `None` for
+    /// endpoints whose rules need what only the SDK does.
+    direct: Option<std::sync::Arc<DirectGet>>,
 }
 
 impl S3Store {
@@ -121,9 +132,19 @@ impl S3Store {
             .clone()
             .or_else(|| std::env::var_os("AWS_CA_BUNDLE").map(PathBuf::from))
             .filter(|p| !p.as_os_str().is_empty());
-        if let Some(path) = ca_bundle {
-            loader = loader.http_client(https_client_with_ca(&path)?);
-        }
+        let tls = match ca_bundle {
+            Some(path) => {
+                let ctx = tls_context_with_ca(&path)?;
+                loader = loader.http_client(
+                    aws_smithy_http_client::Builder::new()
+                        .tls_provider(tls::Provider::Rustls(CryptoMode::AwsLc))
+                        .tls_context(ctx.clone())
+                        .build_https(),
+                );
+                ctx
+            }
+            None => tls::TlsContext::default(),
+        };
         loader = loader
             .retry_config(RetryConfig::standard().with_max_attempts(config.max_attempts.max(1)))
             .timeout_config(
@@ -152,11 +173,42 @@ impl S3Store {
             .request_checksum_calculation(
                 aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired,
             );
+        let s3 = builder.build();
+        let direct = DirectGet::new(get::Setup {
+            bucket,
+            region: s3.region().map_or(FALLBACK_REGION, |r| r.as_ref()),
+            endpoint_url: s3_endpoint_url(&sdk).as_deref(),
+            force_path_style: path_style,
+            use_fips: sdk.use_fips().unwrap_or(false),
+            use_dual_stack: sdk.use_dual_stack().unwrap_or(false),
+            credentials: sdk.credentials_provider(),
+            connector: aws_smithy_http_client::Connector::builder()
+                .connector_settings(
+                    HttpConnectorSettings::builder()
+                        .connect_timeout(Duration::from_secs_f64(config.connect_timeout_secs))
+                        .read_timeout(Duration::from_secs_f64(config.attempt_timeout_secs))
+                        .build(),
+                )
+                .sleep_impl(aws_smithy_async::rt::sleep::TokioSleep::new())
+                .tls_provider(tls::Provider::Rustls(CryptoMode::AwsLc))
+                .tls_context(tls)
+                .build(),
+            max_attempts: config.max_attempts,
+            attempt_timeout: Duration::from_secs_f64(config.attempt_timeout_secs),
+        })
+        .await;
+        if direct.is_none() {
+            tracing::info!(
+                bucket,
+                "GETs of this bucket go through the full S3 SDK client"
+            );
+        }
         Ok(Self {
-            client: aws_sdk_s3::Client::from_conf(builder.build()),
+            client: aws_sdk_s3::Client::from_conf(s3),
             bucket: bucket.to_string(),
             url_listing: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
             pool: BufferPool::none(),
+            direct: direct.map(std::sync::Arc::new),
         })
     }
 
@@ -173,12 +225,29 @@ impl S3Store {
     }
 }
 
-/// An HTTPS client that trusts only the certificates in the PEM file at `path`
+/// The endpoint URL the SDK's S3 client uses, as its config does it: one set
+/// in code (lakemount's `s3.endpoint_url`), else `AWS_ENDPOINT_URL_S3` or the
+/// profile's `s3` service `endpoint_url`, else the global `AWS_ENDPOINT_URL`
+/// or profile `endpoint_url`. `None`: AWS.
+fn s3_endpoint_url(sdk: &aws_config::SdkConfig) -> Option<String> {
+    if sdk.get_origin("endpoint_url").is_client_config() {
+        return sdk.endpoint_url().map(str::to_string);
+    }
+    let key = aws_types::service_config::ServiceConfigKey::builder()
+        .service_id("S3")
+        .env("AWS_ENDPOINT_URL")
+        .profile("endpoint_url")
+        .build()
+        .ok()?;
+    sdk.service_config()
+        .and_then(|c| c.load_config(key))
+        .or_else(|| sdk.endpoint_url().map(str::to_string))
+}
+
+/// TLS settings that trust only the certificates in the PEM file at `path`
 /// (the AWS CLI's `AWS_CA_BUNDLE` semantics). Plain-http endpoints still work.
-fn https_client_with_ca(
-    path: &std::path::Path,
-) -> anyhow::Result<aws_smithy_runtime_api::client::http::SharedHttpClient> {
-    use aws_smithy_http_client::tls::{self, TlsContext, TrustStore, rustls_provider::CryptoMode};
+fn tls_context_with_ca(path: &std::path::Path) -> anyhow::Result<tls::TlsContext> {
+    use aws_smithy_http_client::tls::{TlsContext, TrustStore};
     let pem = std::fs::read(path)
         .map_err(|e| anyhow::anyhow!("s3.ca_bundle: cannot read {}: {e}", path.display()))?;
     if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
@@ -190,14 +259,10 @@ fn https_client_with_ca(
     let trust = TrustStore::empty()
         .with_native_roots(false)
         .with_pem_certificate(pem);
-    let ctx = TlsContext::builder()
+    TlsContext::builder()
         .with_trust_store(trust)
         .build()
-        .map_err(|e| anyhow::anyhow!("s3.ca_bundle: {}: {e}", path.display()))?;
-    Ok(aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(CryptoMode::AwsLc))
-        .tls_context(ctx)
-        .build_https())
+        .map_err(|e| anyhow::anyhow!("s3.ca_bundle: {}: {e}", path.display()))
 }
 
 /// Maps an SDK error to a [`StoreError`] and the status label for metrics.
@@ -267,7 +332,7 @@ fn credentials_error<'a>(
 
 /// The error and its causes on one line, innermost last, without repeats
 /// (the SDK's wrappers often repeat their cause's text).
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+pub(super) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut cur = Some(err);
     while let Some(e) = cur {
@@ -445,6 +510,9 @@ impl ObjectStore for S3Store {
         etag: &str,
     ) -> Result<Bytes, StoreError> {
         debug_assert!(range.start < range.end);
+        if let Some(direct) = &self.direct {
+            return direct.get_range(&self.pool, key, range, etag).await;
+        }
         let start = Instant::now();
         let res = self
             .client
@@ -516,7 +584,7 @@ impl ObjectStore for S3Store {
 
 /// First byte of a `Content-Range: bytes FIRST-LAST/SIZE` value (RFC 9110,
 /// section 14.4), `None` when it is not of that form.
-fn content_range_start(value: &str) -> Option<u64> {
+pub(super) fn content_range_start(value: &str) -> Option<u64> {
     let spec = value.trim().strip_prefix("bytes")?.trim_start();
     spec.split_once('-')?.0.trim().parse().ok()
 }

@@ -29,6 +29,29 @@ pub struct Hooks {
     counts: Mutex<HashMap<String, u64>>,
     failures: Mutex<HashMap<String, (u16, u32)>>,
     delays: Mutex<Vec<Delay>>,
+    cuts: Mutex<Vec<Cut>>,
+    /// GetObject body bytes sent since the last reset (of a broken body, the
+    /// bytes before the break).
+    body_bytes: std::sync::atomic::AtomicU64,
+}
+
+/// A GetObject body fault: `times` bodies of keys starting with `key_prefix`
+/// end (or stall) after `after` bytes.
+#[derive(Debug, Clone)]
+struct Cut {
+    key_prefix: String,
+    after: usize,
+    stall: bool,
+    times: u32,
+}
+
+/// What happens to a GetObject body after its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFault {
+    /// The connection fails: the client gets fewer bytes than announced.
+    Cut(usize),
+    /// No more bytes, and the connection stays open.
+    Stall(usize),
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -54,6 +77,19 @@ impl Hooks {
     /// Sets every counter back to zero.
     pub fn reset_counts(&self) {
         lock(&self.counts).clear();
+        self.body_bytes
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Counts `n` GetObject body bytes sent.
+    pub fn add_body_bytes(&self, n: u64) {
+        self.body_bytes
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// GetObject body bytes sent since the last reset.
+    pub fn body_bytes(&self) -> u64 {
+        self.body_bytes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The next `times` requests of `op` fail with `status`.
@@ -78,6 +114,38 @@ impl Hooks {
                 delay,
             });
         }
+    }
+
+    /// The next `times` GetObject bodies of keys starting with `key_prefix`
+    /// break after their first `after` bytes: cut (`stall` false) or stalled.
+    /// `times == 0` removes the rule for `key_prefix`.
+    pub fn break_bodies(&self, key_prefix: &str, after: usize, stall: bool, times: u32) {
+        let mut c = lock(&self.cuts);
+        c.retain(|x| x.key_prefix != key_prefix);
+        if times > 0 {
+            c.push(Cut {
+                key_prefix: key_prefix.to_owned(),
+                after,
+                stall,
+                times,
+            });
+        }
+    }
+
+    /// The fault for this GetObject body of `key`, if a rule takes it.
+    pub fn take_body_fault(&self, key: &str) -> Option<BodyFault> {
+        let mut c = lock(&self.cuts);
+        let i = c.iter().position(|x| key.starts_with(&x.key_prefix))?;
+        let cut = c[i].clone();
+        c[i].times -= 1;
+        if c[i].times == 0 {
+            c.remove(i);
+        }
+        Some(if cut.stall {
+            BodyFault::Stall(cut.after)
+        } else {
+            BodyFault::Cut(cut.after)
+        })
     }
 
     fn record(&self, op: &str) {

@@ -338,6 +338,23 @@ impl TestServer {
         self.inner.hooks.fail_next(op, status, times);
     }
 
+    /// The next `times` GetObject bodies of keys starting with `key_prefix`
+    /// send their first `after` bytes (of the range asked for) and then fail
+    /// the connection (`stall` false: the client sees a short body) or send
+    /// nothing more while keeping it open (`stall` true). Headers announce
+    /// the whole length either way. `times == 0` removes the rule.
+    pub fn break_bodies(&self, key_prefix: &str, after: usize, stall: bool, times: u32) {
+        self.inner
+            .hooks
+            .break_bodies(key_prefix, after, stall, times);
+    }
+
+    /// GetObject body bytes sent since the last [`Self::reset_counts`]; of a
+    /// body broken by [`Self::break_bodies`], the bytes before the break.
+    pub fn get_body_bytes(&self) -> u64 {
+        self.inner.hooks.body_bytes()
+    }
+
     /// Requests of `op` on keys starting with `key_prefix` sleep `delay` (without
     /// blocking other requests) before being answered. For bucket-level operations
     /// such as `ListObjectsV2` the key is the request's `prefix` parameter ("" if

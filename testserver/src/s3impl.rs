@@ -7,6 +7,7 @@ use bytes::Bytes;
 use s3s::dto::*;
 use s3s::{Body, S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 
+use crate::hooks::BodyFault;
 use crate::percent::encode_url;
 use crate::storage::{ListEntry, Object, Storage, StorageError};
 
@@ -325,13 +326,29 @@ impl S3 for MemS3 {
             Some((s, e, cr)) => (obj.data.slice(s as usize..e as usize), Some(cr)),
             None => (obj.data.clone(), None),
         };
+        let length = data.len() as i64;
+        let body = match self.hooks.take_body_fault(&i.key) {
+            None => {
+                self.hooks.add_body_bytes(data.len() as u64);
+                StreamingBlob::from(Body::from(data))
+            }
+            Some(fault) => {
+                let (after, stall) = match fault {
+                    BodyFault::Cut(n) => (n, false),
+                    BodyFault::Stall(n) => (n, true),
+                };
+                let head = data.slice(..after.min(data.len()));
+                self.hooks.add_body_bytes(head.len() as u64);
+                broken_body(head, stall)
+            }
+        };
         let out = GetObjectOutput {
             accept_ranges: Some("bytes".to_owned()),
-            content_length: Some(data.len() as i64),
+            content_length: Some(length),
             content_range,
             e_tag: Some(etag_dto(&obj)),
             last_modified: Some(Timestamp::from(obj.last_modified)),
-            body: Some(StreamingBlob::from(Body::from(data))),
+            body: Some(body),
             ..Default::default()
         };
         Ok(S3Response::new(out))
@@ -444,5 +461,23 @@ mod tests {
         }
         assert_eq!(hex_decode("zz"), None);
         assert_eq!(hex_decode("abc"), None);
+    }
+}
+
+/// A body that sends `head` and then fails (`stall` false) or sends nothing
+/// more and stays open (`stall` true).
+fn broken_body(head: bytes::Bytes, stall: bool) -> StreamingBlob {
+    use futures::StreamExt;
+    let first = futures::stream::iter([Ok::<_, std::io::Error>(head)]);
+    if stall {
+        StreamingBlob::wrap(first.chain(futures::stream::pending()))
+    } else {
+        // The pause lets the server flush `head` before the failure drops
+        // the connection with whatever is still in its write buffer.
+        let cut = futures::stream::once(async {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            Err(std::io::Error::other("injected body cut"))
+        });
+        StreamingBlob::wrap(first.chain(cut))
     }
 }

@@ -1,0 +1,558 @@
+//! GetObject sent straight to the SDK's HTTP connector, signed with
+//! `aws-sigv4`: the one request lakemount sends by the ten thousand.
+//!
+//! The SDK's orchestrator (interceptors, a config bag per request, endpoint
+//! rules evaluated per request, retry classifiers) cost more CPU per small GET
+//! than the request itself (docs/READAHEAD.md, "What limits epoch 1"). This
+//! path keeps what the SDK provides below and beside it: its HTTP connector
+//! (hyper, rustls, the CA bundle, connect and first-byte timeouts), its
+//! credentials chain, its endpoint rules (evaluated once per mount, at start)
+//! and its SigV4 signer. What it does itself:
+//!
+//! * **Retries**: the SDK standard strategy's rule: up to `s3.max_attempts`
+//!   attempts, exponential backoff with full jitter (1 s doubling, at most
+//!   20 s), for 5xx, 429, throttling and timeout codes and transport faults.
+//! * **Resumed bodies**: a body that fails or stalls part way is continued
+//!   from the first byte not received, with a ranged GET pinned to the same
+//!   ETag (`If-Match`), so the bytes kept and the bytes added are of one
+//!   version. That counts as one more attempt.
+//! * **Stalls**: no byte of the body for `s3.attempt_timeout_secs` fails the
+//!   attempt (the SDK's stalled-stream protection has the same purpose).
+//! * **Credentials**: reused until a minute before they expire; credentials
+//!   without an expiry for 15 minutes (the SDK identity cache's default).
+//!
+//! Endpoints whose rules ask for another auth scheme than SigV4 (S3 Express
+//! One Zone's session auth, SigV4a for multi-region access points) or extra
+//! headers are left to the SDK: [`DirectGet::new`] returns `None` for them.
+
+use std::ops::Range;
+use std::sync::RwLock;
+use std::time::{Duration, Instant, SystemTime};
+
+use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
+use aws_sdk_s3::config::endpoint::{DefaultResolver, Params, ResolveEndpoint};
+use aws_sigv4::http_request::{
+    PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
+    UriPathNormalizationMode,
+};
+use aws_smithy_http_client::Connector;
+use aws_smithy_runtime_api::client::http::HttpConnector;
+use aws_smithy_runtime_api::client::identity::Identity;
+use aws_smithy_types::Document;
+use aws_smithy_types::body::SdkBody;
+use aws_smithy_types::byte_stream::ByteStream;
+use bytes::Bytes;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
+
+use super::StoreError;
+use super::pool::BufferPool;
+use crate::telemetry::metrics as m;
+
+/// Bytes of an object key sent as they are; every other byte is
+/// percent-encoded. The unreserved characters of RFC 3986 and `/`, as S3's
+/// SigV4 canonical URI wants them ("Signature Version 4 signing process",
+/// canonical request, Amazon S3 API reference).
+const KEY: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~')
+    .remove(b'/');
+
+/// First retry delay before jitter; doubles per attempt (the SDK standard
+/// retry strategy's initial backoff).
+const BACKOFF_BASE: Duration = Duration::from_secs(1);
+/// Longest retry delay before jitter (the standard strategy's maximum).
+const BACKOFF_MAX: Duration = Duration::from_secs(20);
+/// How long credentials without an expiry time are reused (the SDK's
+/// default identity cache expiration).
+const CREDENTIALS_REUSE: Duration = Duration::from_secs(15 * 60);
+/// Credentials are refreshed this long before they expire.
+const CREDENTIALS_MARGIN: Duration = Duration::from_secs(60);
+/// Longest wait for the credentials chain (the SDK identity cache's load
+/// timeout).
+const CREDENTIALS_TIMEOUT: Duration = Duration::from_secs(5);
+/// The `User-Agent` of GETs, for the server's logs.
+const USER_AGENT: &str = concat!("lakemount/", env!("CARGO_PKG_VERSION"));
+/// Error bodies are read up to this many bytes for their `<Code>`.
+const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// What [`DirectGet::new`] needs from the SDK configuration.
+pub(super) struct Setup<'a> {
+    pub bucket: &'a str,
+    pub region: &'a str,
+    /// The endpoint URL as the SDK would use it; `None`: AWS.
+    pub endpoint_url: Option<&'a str>,
+    pub force_path_style: bool,
+    pub use_fips: bool,
+    pub use_dual_stack: bool,
+    /// `None`: unsigned requests (`s3.no_sign_request`).
+    pub credentials: Option<SharedCredentialsProvider>,
+    pub connector: Connector,
+    pub max_attempts: u32,
+    /// First-byte and body-stall limit of one attempt.
+    pub attempt_timeout: Duration,
+}
+
+/// Ranged, ETag-pinned GETs of one bucket. Cheap to share behind an `Arc`.
+pub(super) struct DirectGet {
+    connector: Connector,
+    /// The bucket's URL without a trailing `/`: a key's URL is this, `/`,
+    /// and the key encoded with [`KEY`].
+    base: String,
+    /// The `Host` header: the base URL's authority.
+    host: String,
+    signing_region: String,
+    signing_name: String,
+    credentials: Option<CredentialsCache>,
+    max_attempts: u32,
+    attempt_timeout: Duration,
+}
+
+impl std::fmt::Debug for DirectGet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectGet")
+            .field("base", &self.base)
+            .finish()
+    }
+}
+
+impl DirectGet {
+    /// Resolves the bucket's endpoint with the SDK's S3 endpoint rules.
+    /// `None` when the rules want something this path does not do (another
+    /// auth scheme than SigV4, extra headers) or fail: GETs then go through
+    /// the SDK.
+    pub(super) async fn new(s: Setup<'_>) -> Option<Self> {
+        let mut params = Params::builder()
+            .bucket(s.bucket)
+            .region(s.region)
+            .force_path_style(s.force_path_style)
+            .use_fips(s.use_fips)
+            .use_dual_stack(s.use_dual_stack);
+        if let Some(url) = s.endpoint_url {
+            params = params.endpoint(url);
+        }
+        let params = params.build().ok()?;
+        let endpoint = match DefaultResolver::new().resolve_endpoint(&params).await {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::debug!("S3 endpoint rules: {e}; GETs go through the SDK");
+                return None;
+            }
+        };
+        if endpoint.headers().next().is_some() {
+            return None;
+        }
+        let (mut signing_region, mut signing_name) = (s.region.to_string(), "s3".to_string());
+        if let Some(Document::Array(schemes)) = endpoint.properties().get("authSchemes") {
+            let Some(Document::Object(first)) = schemes.first() else {
+                return None;
+            };
+            let text = |k: &str| match first.get(k) {
+                Some(Document::String(v)) => Some(v.clone()),
+                _ => None,
+            };
+            if text("name").as_deref() != Some("sigv4") {
+                return None;
+            }
+            signing_region = text("signingRegion").unwrap_or(signing_region);
+            signing_name = text("signingName").unwrap_or(signing_name);
+        }
+        let base = endpoint.url().trim_end_matches('/').to_string();
+        let host = base.parse::<http::Uri>().ok()?.authority()?.to_string();
+        Some(Self {
+            connector: s.connector,
+            base,
+            host,
+            signing_region,
+            signing_name,
+            credentials: s.credentials.map(CredentialsCache::new),
+            max_attempts: s.max_attempts.max(1),
+            attempt_timeout: s.attempt_timeout,
+        })
+    }
+
+    /// GET of `range` (end exclusive, non-empty) of `key`, pinned to `etag`
+    /// when it is not empty, into one buffer from `pool`. Errors as
+    /// [`super::ObjectStore::get_range`]; counted in the request metrics
+    /// once per call, whatever its attempts.
+    pub(super) async fn get_range(
+        &self,
+        pool: &BufferPool,
+        key: &str,
+        range: Range<u64>,
+        etag: &str,
+    ) -> Result<Bytes, StoreError> {
+        let start = Instant::now();
+        let want = (range.end - range.start) as usize;
+        let mut buf = pool.take(want);
+        let url = format!(
+            "{}/{}",
+            self.base,
+            percent_encoding::utf8_percent_encode(key, KEY)
+        );
+        let mut attempt = 0;
+        let outcome = loop {
+            attempt += 1;
+            // A resumed attempt asks for the rest only; without an ETag to
+            // pin it to, the rest could be of another version: start over.
+            if etag.is_empty() {
+                buf.clear();
+            }
+            let from = range.start + buf.len() as u64;
+            let failure = match self.attempt(&url, from..range.end, etag, &mut buf).await {
+                Ok(status) => break Ok(status),
+                Err(f) => f,
+            };
+            if !failure.retry || attempt >= self.max_attempts {
+                break Err(failure);
+            }
+            tokio::time::sleep(backoff(attempt)).await;
+        };
+        match outcome {
+            Ok(status) => {
+                m::s3_request(m::OP_GET, status, start.elapsed());
+                m::s3_bytes_received(buf.len() as u64);
+                Ok(pool.freeze(buf))
+            }
+            Err(f) => {
+                m::s3_request(m::OP_GET, &f.status, start.elapsed());
+                Err(f.error)
+            }
+        }
+    }
+
+    /// One attempt: GET `range` of `url` and append its bytes to `buf` until
+    /// it holds the whole range. The status label for the metrics on
+    /// success (`206`, or `200` from a server that ignored Range).
+    async fn attempt(
+        &self,
+        url: &str,
+        range: Range<u64>,
+        etag: &str,
+        buf: &mut Vec<u8>,
+    ) -> Result<&'static str, Failure> {
+        let mut req = http::Request::get(url)
+            .header(http::header::HOST, &self.host)
+            .header(http::header::USER_AGENT, USER_AGENT)
+            .header(
+                http::header::RANGE,
+                format!("bytes={}-{}", range.start, range.end - 1),
+            );
+        if !etag.is_empty() {
+            req = req.header(http::header::IF_MATCH, etag);
+        }
+        let mut req = req
+            .body(SdkBody::empty())
+            .map_err(|e| Failure::fatal(StoreError::Other(format!("GET {url}: {e}")), "error"))?;
+        if let Some(creds) = &self.credentials {
+            let identity = creds.get().await?;
+            self.sign(&mut req, &identity)?;
+        }
+        let req = req
+            .try_into()
+            .map_err(|e| Failure::fatal(StoreError::Other(format!("GET {url}: {e}")), "error"))?;
+        let resp = match self.connector.call(req).await {
+            Ok(r) => r,
+            Err(e) => {
+                let label = if e.is_timeout() { "timeout" } else { "network" };
+                let what = crate::store::s3::error_chain(&e);
+                return Err(Failure {
+                    error: StoreError::Transient(format!("GET {url}: {what}")),
+                    status: label.into(),
+                    retry: !e.is_user(),
+                });
+            }
+        };
+        let status = resp.status().as_u16();
+        if !(200..300).contains(&status) {
+            let body = ByteStream::new(resp.into_body());
+            return Err(error_response(status, body, self.attempt_timeout).await);
+        }
+        let header = |name: &str| resp.headers().get(name).map(str::to_string);
+        let want = (range.end - range.start) as usize;
+        let length = header("content-length").and_then(|v| v.trim().parse::<u64>().ok());
+        let bad_range = |what: String| Failure {
+            error: StoreError::Transient(format!(
+                "GET {url} bytes {}-{}: the server sent {what}",
+                range.start,
+                range.end - 1
+            )),
+            status: "bad_range".into(),
+            retry: false,
+        };
+        // 206 names the range it sends in Content-Range; a 206 without the
+        // header is taken as the range when its length is the range's. A
+        // server that ignored Range sends the whole object (200): only the
+        // bytes of the range are kept from it.
+        let ranged = match header("content-range") {
+            Some(cr) => match super::s3::content_range_start(&cr) {
+                Some(first) if first == range.start => true,
+                _ => return Err(bad_range(format!("Content-Range {cr:?}"))),
+            },
+            None => status == 206 || length == Some(want as u64),
+        };
+        if let Some(l) = length.filter(|&l| ranged && l > want as u64) {
+            return Err(bad_range(format!("{l} bytes")));
+        }
+        let skip = if ranged { 0 } else { range.start };
+        let body = ByteStream::new(resp.into_body());
+        let target = buf.len() + want;
+        match read_into(buf, body, skip, target, self.attempt_timeout).await {
+            Ok(()) if buf.len() == target => Ok(if ranged { "206" } else { "200" }),
+            Ok(()) => Err(Failure::retry(
+                StoreError::Transient(format!(
+                    "GET {url}: the body ended {} bytes short",
+                    target - buf.len()
+                )),
+                "network",
+            )),
+            Err(e) => Err(Failure::retry(
+                StoreError::Transient(format!("reading GET body of {url}: {e}")),
+                "network",
+            )),
+        }
+    }
+
+    /// Adds the SigV4 headers (`Authorization`, `X-Amz-Date`,
+    /// `X-Amz-Content-SHA256`, the session token) to `req`, as the SDK signs
+    /// S3 requests: single percent-encoding, no path normalisation.
+    fn sign(&self, req: &mut http::Request<SdkBody>, identity: &Identity) -> Result<(), Failure> {
+        let fail = |e: &dyn std::fmt::Display| {
+            Failure::fatal(StoreError::Other(format!("signing a GET: {e}")), "error")
+        };
+        let mut settings = SigningSettings::default();
+        settings.percent_encoding_mode = PercentEncodingMode::Single;
+        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+        settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+        let params = aws_sigv4::sign::v4::SigningParams::builder()
+            .identity(identity)
+            .region(&self.signing_region)
+            .name(&self.signing_name)
+            .time(SystemTime::now())
+            .settings(settings)
+            .build()
+            .map_err(|e| fail(&e))?
+            .into();
+        let uri = req.uri().to_string();
+        let headers = req
+            .headers()
+            .iter()
+            .filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?)));
+        let signable = SignableRequest::new("GET", uri, headers, SignableBody::Bytes(&[]))
+            .map_err(|e| fail(&e))?;
+        let (instructions, _) = aws_sigv4::http_request::sign(signable, &params)
+            .map_err(|e| fail(&e))?
+            .into_parts();
+        instructions.apply_to_request_http1x(req);
+        Ok(())
+    }
+}
+
+/// A failed attempt: the error if it is the last, its metrics label, and
+/// whether another attempt may succeed.
+struct Failure {
+    error: StoreError,
+    status: String,
+    retry: bool,
+}
+
+impl Failure {
+    fn fatal(error: StoreError, status: &str) -> Self {
+        Self {
+            error,
+            status: status.into(),
+            retry: false,
+        }
+    }
+
+    fn retry(error: StoreError, status: &str) -> Self {
+        Self {
+            error,
+            status: status.into(),
+            retry: true,
+        }
+    }
+}
+
+/// Delay before attempt `attempt + 1`: full jitter over
+/// `min(BACKOFF_MAX, BACKOFF_BASE * 2^(attempt - 1))`.
+fn backoff(attempt: u32) -> Duration {
+    let cap = BACKOFF_BASE
+        .saturating_mul(1 << (attempt - 1).min(16))
+        .min(BACKOFF_MAX);
+    cap.mul_f64(fastrand::f64())
+}
+
+/// Appends the body's bytes to `buf`, the first `skip` dropped, until it
+/// holds `target` bytes or the body ends. Errors: the body's, or a stall of
+/// `stall` with no bytes.
+async fn read_into(
+    buf: &mut Vec<u8>,
+    mut body: ByteStream,
+    mut skip: u64,
+    target: usize,
+    stall: Duration,
+) -> Result<(), String> {
+    while buf.len() < target {
+        let chunk = match tokio::time::timeout(stall, body.try_next()).await {
+            Ok(Ok(Some(c))) => c,
+            Ok(Ok(None)) => break,
+            Ok(Err(e)) => return Err(crate::store::s3::error_chain(&e)),
+            Err(_) => return Err(format!("no byte for {stall:?}")),
+        };
+        let mut c = &chunk[..];
+        if skip > 0 {
+            let n = skip.min(c.len() as u64) as usize;
+            c = &c[n..];
+            skip -= n as u64;
+        }
+        let n = c.len().min(target - buf.len());
+        buf.extend_from_slice(&c[..n]);
+    }
+    Ok(())
+}
+
+/// The [`Failure`] of a non-2xx answer, from its status and the `<Code>`
+/// and `<Message>` of its XML body (S3 "Error Responses").
+async fn error_response(status: u16, body: ByteStream, stall: Duration) -> Failure {
+    let mut text = Vec::new();
+    // Best effort: an unreadable error body still has its status.
+    let _ = read_into(&mut text, body, 0, MAX_ERROR_BODY, stall).await;
+    let text = String::from_utf8_lossy(&text);
+    let element = |name: &str| {
+        let open = format!("<{name}>");
+        let from = text.find(&open)? + open.len();
+        let len = text[from..].find(&format!("</{name}>"))?;
+        Some(text[from..from + len].trim().to_string())
+    };
+    let code = element("Code").unwrap_or_default();
+    let msg = format!("{status} {code} {}", element("Message").unwrap_or_default());
+    let msg = msg.trim().to_string();
+    let throttling = matches!(
+        code.as_str(),
+        "SlowDown" | "Throttling" | "ThrottlingException" | "RequestLimitExceeded"
+    );
+    let (error, retry) = match (status, code.as_str()) {
+        (_, "NoSuchBucket") => (StoreError::NoSuchBucket, false),
+        (404, _) | (_, "NoSuchKey") => (StoreError::NotFound, false),
+        (412, _) => (StoreError::PreconditionFailed, false),
+        (416, _) => (StoreError::InvalidRange, false),
+        (401 | 403, _) => (StoreError::AccessDenied(msg), false),
+        (503 | 429, _) => (StoreError::Throttled(msg), true),
+        (_, _) if throttling => (StoreError::Throttled(msg), true),
+        (400, "RequestTimeout" | "RequestTimeTooSkewed") => (StoreError::Transient(msg), true),
+        (500..=599, _) => (StoreError::Transient(msg), true),
+        _ => (StoreError::Other(msg), false),
+    };
+    Failure {
+        error,
+        status: status.to_string(),
+        retry,
+    }
+}
+
+/// The credentials of a provider, reused until shortly before they expire.
+struct CredentialsCache {
+    provider: SharedCredentialsProvider,
+    /// The identity and when to stop using it.
+    current: RwLock<Option<(Identity, Instant)>>,
+    /// Held while the provider is asked, so concurrent GETs ask once.
+    refresh: tokio::sync::Mutex<()>,
+}
+
+impl CredentialsCache {
+    fn new(provider: SharedCredentialsProvider) -> Self {
+        Self {
+            provider,
+            current: RwLock::new(None),
+            refresh: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn fresh(&self) -> Option<Identity> {
+        let cur = self.current.read().unwrap_or_else(|e| e.into_inner());
+        cur.as_ref()
+            .filter(|(_, until)| Instant::now() < *until)
+            .map(|(id, _)| id.clone())
+    }
+
+    /// Errors as the SDK's: none loaded is [`StoreError::NoCredentials`], a
+    /// timeout [`StoreError::Transient`] (retried), anything else
+    /// [`StoreError::AccessDenied`].
+    async fn get(&self) -> Result<Identity, Failure> {
+        if let Some(id) = self.fresh() {
+            return Ok(id);
+        }
+        let _one = self.refresh.lock().await;
+        if let Some(id) = self.fresh() {
+            return Ok(id);
+        }
+        use aws_credential_types::provider::error::CredentialsError as C;
+        let loaded =
+            tokio::time::timeout(CREDENTIALS_TIMEOUT, self.provider.provide_credentials()).await;
+        let creds = match loaded {
+            Ok(Ok(c)) => c,
+            Err(_) => {
+                return Err(Failure::retry(
+                    StoreError::Transient("loading AWS credentials timed out".into()),
+                    "credentials",
+                ));
+            }
+            Ok(Err(e)) => {
+                let chain = crate::store::s3::error_chain(&e);
+                return Err(match e {
+                    C::CredentialsNotLoaded(_) => {
+                        Failure::fatal(StoreError::NoCredentials(chain), "credentials")
+                    }
+                    C::ProviderTimedOut(_) => Failure::retry(
+                        StoreError::Transient(format!(
+                            "loading AWS credentials timed out: {chain}"
+                        )),
+                        "credentials",
+                    ),
+                    _ => Failure::fatal(
+                        StoreError::AccessDenied(format!(
+                            "loading AWS credentials failed: {chain}"
+                        )),
+                        "credentials",
+                    ),
+                });
+            }
+        };
+        let now = Instant::now();
+        let until = creds
+            .expiry()
+            .map(|t| {
+                let left = t.duration_since(SystemTime::now()).unwrap_or_default();
+                now + left.saturating_sub(CREDENTIALS_MARGIN)
+            })
+            .unwrap_or(now + CREDENTIALS_REUSE);
+        let identity = Identity::from(creds);
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some((identity.clone(), until));
+        Ok(identity)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BACKOFF_MAX, KEY, backoff};
+
+    #[test]
+    fn keys_are_encoded_as_s3_signs_them() {
+        let enc = |k: &str| percent_encoding::utf8_percent_encode(k, KEY).to_string();
+        assert_eq!(enc("a/b-c_d.e~f"), "a/b-c_d.e~f");
+        assert_eq!(enc("a b+c"), "a%20b%2Bc");
+        assert_eq!(enc("x/../y//z"), "x/../y//z");
+        assert_eq!(enc("\u{e9}%?#\u{1}"), "%C3%A9%25%3F%23%01");
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        for attempt in 1..40 {
+            let d = backoff(attempt);
+            assert!(d <= BACKOFF_MAX, "attempt {attempt}: {d:?}");
+            assert!(d <= super::BACKOFF_BASE * (1 << (attempt - 1).min(16)));
+        }
+    }
+}
