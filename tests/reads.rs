@@ -476,7 +476,7 @@ fn a_broken_get_body_is_resumed_from_its_first_missing_byte() {
     }
     let m = MountSpec::new(&b)
         .server(&srv)
-        .config("[s3]\nattempt_timeout_secs = 1.0\n")
+        .config("[s3]\nattempt_timeout_secs = 2.0\n")
         .mount();
     // What reading each file costs when nothing breaks.
     let mut plain = Vec::new();
@@ -501,12 +501,56 @@ fn a_broken_get_body_is_resumed_from_its_first_missing_byte() {
                 "{dir}/{name}: GETs"
             );
             assert_eq!(srv.get_body_bytes(), *got, "{dir}/{name}: bytes sent");
+            // The GET after the break asks for the rest of the broken one.
+            let ranges = srv.get_ranges();
+            let first = ranges[0].1.clone().unwrap_or_default();
+            let end = first.rsplit('-').next().unwrap_or_default().to_string();
+            assert!(first.starts_with("bytes=0-"), "{dir}/{name}: {ranges:?}");
+            assert!(
+                ranges[1..]
+                    .iter()
+                    .any(|(_, r)| r.as_deref() == Some(&format!("bytes=4000-{end}"))),
+                "{dir}/{name}: no GET resumed at byte 4000: {ranges:?}"
+            );
             if stall {
-                // The attempt timeout (1 s) plus at most one backoff (1 s).
-                assert!(t.elapsed() < Duration::from_secs(8), "{dir}/{name}");
+                // The attempt timeout (2 s) plus at most one backoff (1 s).
+                assert!(t.elapsed() < Duration::from_secs(10), "{dir}/{name}");
             }
         }
     }
+}
+
+/// An object overwritten while its GET body is stalled: the resumed GET is
+/// pinned to the old ETag, so the read fails with ESTALE instead of joining
+/// bytes of two versions.
+#[test]
+fn an_object_changed_while_its_body_stalls_is_estale_not_mixed() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "bodychange");
+    srv.put(&b, "c/f", data(20_000, 51));
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .config("[s3]\nattempt_timeout_secs = 2.0\n")
+        .mount();
+    assert_eq!(names(&m.p("c")), ["f"]);
+    srv.reset_counts();
+    srv.break_bodies("c/f", 4_000, true, 1);
+    let path = m.p("c/f");
+    let reader = std::thread::spawn(move || std::fs::read(path));
+    std::thread::sleep(Duration::from_millis(500));
+    srv.put(&b, "c/f", data(20_000, 52));
+    assert_errno(
+        reader.join().unwrap(),
+        libc::ESTALE,
+        "read across an overwrite",
+    );
+    let ranges = srv.get_ranges();
+    assert!(
+        ranges
+            .iter()
+            .any(|(_, r)| r.as_deref().is_some_and(|r| r.starts_with("bytes=4000-"))),
+        "no resumed GET: {ranges:?}"
+    );
 }
 
 /// A body that breaks on every attempt ends in EIO, never in short or

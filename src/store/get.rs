@@ -9,17 +9,27 @@
 //! credentials chain, its endpoint rules (evaluated once per mount, at start)
 //! and its SigV4 signer. What it does itself:
 //!
-//! * **Retries**: the SDK standard strategy's rule: up to `s3.max_attempts`
-//!   attempts, exponential backoff with full jitter (1 s doubling, at most
-//!   20 s), for 5xx, 429, throttling and timeout codes and transport faults.
+//! * **Retries**: up to `s3.max_attempts` attempts, with the SDK standard
+//!   strategy's backoff (full jitter over 1 s doubling, at most 20 s) and
+//!   its transient statuses (500, 502, 503, 504), plus 429, throttling and
+//!   timeout error codes, and connection and timeout faults. Unlike the SDK
+//!   there is no retry quota shared by all requests: a throttling storm
+//!   slows each request down (backoff) instead of leaving every later 503
+//!   one attempt. The connection of a failed attempt is not reused.
+//! * **Clock skew**: the server's `Date` header corrects the signing time,
+//!   as the SDK's clock-skew interceptor does; `RequestTimeTooSkewed` is
+//!   retried with the corrected time.
 //! * **Resumed bodies**: a body that fails or stalls part way is continued
 //!   from the first byte not received, with a ranged GET pinned to the same
 //!   ETag (`If-Match`), so the bytes kept and the bytes added are of one
-//!   version. That counts as one more attempt.
+//!   version. That counts as one more attempt. An object listed without an
+//!   ETag cannot be pinned: its GET starts over instead.
 //! * **Stalls**: no byte of the body for `s3.attempt_timeout_secs` fails the
 //!   attempt (the SDK's stalled-stream protection has the same purpose).
-//! * **Credentials**: reused until a minute before they expire; credentials
-//!   without an expiry for 15 minutes (the SDK identity cache's default).
+//! * **Credentials**: reused until a minute before they expire (wall-clock
+//!   time, so a suspended host does not keep expired ones); credentials
+//!   without an expiry for 15 minutes (the SDK identity cache's default). An
+//!   `ExpiredToken` answer drops them and the attempt is retried.
 //!
 //! Endpoints whose rules ask for another auth scheme than SigV4 (S3 Express
 //! One Zone's session auth, SigV4a for multi-region access points) or extra
@@ -27,6 +37,7 @@
 
 use std::ops::Range;
 use std::sync::RwLock;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
@@ -36,8 +47,10 @@ use aws_sigv4::http_request::{
     UriPathNormalizationMode,
 };
 use aws_smithy_http_client::Connector;
+use aws_smithy_runtime_api::client::connection::CaptureSmithyConnection;
 use aws_smithy_runtime_api::client::http::HttpConnector;
 use aws_smithy_runtime_api::client::identity::Identity;
+use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
 use aws_smithy_types::Document;
 use aws_smithy_types::body::SdkBody;
 use aws_smithy_types::byte_stream::ByteStream;
@@ -69,9 +82,6 @@ const BACKOFF_MAX: Duration = Duration::from_secs(20);
 const CREDENTIALS_REUSE: Duration = Duration::from_secs(15 * 60);
 /// Credentials are refreshed this long before they expire.
 const CREDENTIALS_MARGIN: Duration = Duration::from_secs(60);
-/// Longest wait for the credentials chain (the SDK identity cache's load
-/// timeout).
-const CREDENTIALS_TIMEOUT: Duration = Duration::from_secs(5);
 /// The `User-Agent` of GETs, for the server's logs.
 const USER_AGENT: &str = concat!("lakemount/", env!("CARGO_PKG_VERSION"));
 /// Error bodies are read up to this many bytes for their `<Code>`.
@@ -100,8 +110,8 @@ pub(super) struct DirectGet {
     /// The bucket's URL without a trailing `/`: a key's URL is this, `/`,
     /// and the key encoded with [`KEY`].
     base: String,
-    /// The `Host` header: the base URL's authority.
-    host: String,
+    /// Server clock minus ours, milliseconds, from the last `Date` header.
+    skew_ms: AtomicI64,
     signing_region: String,
     signing_name: String,
     credentials: Option<CredentialsCache>,
@@ -159,14 +169,16 @@ impl DirectGet {
             signing_name = text("signingName").unwrap_or(signing_name);
         }
         let base = endpoint.url().trim_end_matches('/').to_string();
-        let host = base.parse::<http::Uri>().ok()?.authority()?.to_string();
+        base.parse::<http::Uri>().ok()?.authority()?;
         Some(Self {
             connector: s.connector,
             base,
-            host,
+            skew_ms: AtomicI64::new(0),
             signing_region,
             signing_name,
-            credentials: s.credentials.map(CredentialsCache::new),
+            credentials: s
+                .credentials
+                .map(|p| CredentialsCache::new(p, s.attempt_timeout)),
             max_attempts: s.max_attempts.max(1),
             attempt_timeout: s.attempt_timeout,
         })
@@ -207,6 +219,7 @@ impl DirectGet {
             if !failure.retry || attempt >= self.max_attempts {
                 break Err(failure);
             }
+            m::s3_retry(m::OP_GET, &failure.status);
             tokio::time::sleep(backoff(attempt)).await;
         };
         match outcome {
@@ -232,8 +245,9 @@ impl DirectGet {
         etag: &str,
         buf: &mut Vec<u8>,
     ) -> Result<&'static str, Failure> {
+        // No Host header: the signer and hyper both take it from the URL
+        // (without a default port).
         let mut req = http::Request::get(url)
-            .header(http::header::HOST, &self.host)
             .header(http::header::USER_AGENT, USER_AGENT)
             .header(
                 http::header::RANGE,
@@ -249,27 +263,56 @@ impl DirectGet {
             let identity = creds.get().await?;
             self.sign(&mut req, &identity)?;
         }
-        let req = req
+        let mut req: HttpRequest = req
             .try_into()
             .map_err(|e| Failure::fatal(StoreError::Other(format!("GET {url}: {e}")), "error"))?;
+        let connection = CaptureSmithyConnection::new();
+        req.add_extension(connection.clone());
+        // A failed attempt's connection is closed, not reused: the next
+        // attempt may reach a sound server behind the same name.
+        let poison = |f: Failure| {
+            if f.retry
+                && let Some(c) = connection.get()
+            {
+                c.poison();
+            }
+            f
+        };
         let resp = match self.connector.call(req).await {
             Ok(r) => r,
             Err(e) => {
                 let label = if e.is_timeout() { "timeout" } else { "network" };
                 let what = crate::store::s3::error_chain(&e);
-                return Err(Failure {
+                return Err(poison(Failure {
                     error: StoreError::Transient(format!("GET {url}: {what}")),
                     status: label.into(),
-                    retry: !e.is_user(),
-                });
+                    retry: e.is_io() || e.is_timeout(),
+                }));
             }
         };
+        if let Some(date) = resp.headers().get("date") {
+            self.note_server_date(date);
+        }
         let status = resp.status().as_u16();
         if !(200..300).contains(&status) {
             let body = ByteStream::new(resp.into_body());
-            return Err(error_response(status, body, self.attempt_timeout).await);
+            let f = error_response(status, body, self.attempt_timeout).await;
+            if (f.status.ends_with("ExpiredToken") || f.status.ends_with("TokenRefreshRequired"))
+                && let Some(c) = &self.credentials
+            {
+                c.forget();
+            }
+            return Err(poison(f));
         }
         let header = |name: &str| resp.headers().get(name).map(str::to_string);
+        let sent = header("etag");
+        if sent.is_some_and(|e| !etag.is_empty() && !same_etag(&e, etag)) {
+            // A server that ignored If-Match: these bytes are of another version.
+            return Err(Failure::fatal(
+                StoreError::PreconditionFailed,
+                "etag_mismatch",
+            ));
+        }
         let want = (range.end - range.start) as usize;
         let length = header("content-length").and_then(|v| v.trim().parse::<u64>().ok());
         let bad_range = |what: String| Failure {
@@ -292,7 +335,9 @@ impl DirectGet {
             },
             None => status == 206 || length == Some(want as u64),
         };
-        if let Some(l) = length.filter(|&l| ranged && l > want as u64) {
+        // Fewer bytes than the range cannot be fixed by asking again.
+        let expect = if ranged { want as u64 } else { range.end };
+        if let Some(l) = length.filter(|&l| if ranged { l != expect } else { l < expect }) {
             return Err(bad_range(format!("{l} bytes")));
         }
         let skip = if ranged { 0 } else { range.start };
@@ -300,17 +345,50 @@ impl DirectGet {
         let target = buf.len() + want;
         match read_into(buf, body, skip, target, self.attempt_timeout).await {
             Ok(()) if buf.len() == target => Ok(if ranged { "206" } else { "200" }),
-            Ok(()) => Err(Failure::retry(
+            Ok(()) => Err(poison(Failure::retry(
                 StoreError::Transient(format!(
                     "GET {url}: the body ended {} bytes short",
                     target - buf.len()
                 )),
-                "network",
-            )),
-            Err(e) => Err(Failure::retry(
+                "short_body",
+            ))),
+            Err(BodyError::Stalled(d)) => Err(poison(Failure::retry(
+                StoreError::Transient(format!("GET {url}: no byte of the body for {d:?}")),
+                "stall",
+            ))),
+            Err(BodyError::Failed(e)) => Err(poison(Failure::retry(
                 StoreError::Transient(format!("reading GET body of {url}: {e}")),
                 "network",
-            )),
+            ))),
+        }
+    }
+
+    /// Keeps the offset of the server's clock from a `Date` header (RFC 9110
+    /// HTTP-date) for signing.
+    fn note_server_date(&self, date: &str) {
+        use aws_smithy_types::date_time::{DateTime, Format};
+        let Some(server) = DateTime::from_str(date.trim(), Format::HttpDate)
+            .ok()
+            .and_then(|t| SystemTime::try_from(t).ok())
+        else {
+            return;
+        };
+        let now = SystemTime::now();
+        let ms = match server.duration_since(now) {
+            Ok(ahead) => ahead.as_millis() as i64,
+            Err(behind) => -(behind.duration().as_millis() as i64),
+        };
+        self.skew_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Our clock corrected by the server's last `Date`.
+    fn server_now(&self) -> SystemTime {
+        let ms = self.skew_ms.load(Ordering::Relaxed);
+        let now = SystemTime::now();
+        if ms >= 0 {
+            now + Duration::from_millis(ms as u64)
+        } else {
+            now - Duration::from_millis(ms.unsigned_abs())
         }
     }
 
@@ -329,7 +407,7 @@ impl DirectGet {
             .identity(identity)
             .region(&self.signing_region)
             .name(&self.signing_name)
-            .time(SystemTime::now())
+            .time(self.server_now())
             .settings(settings)
             .build()
             .map_err(|e| fail(&e))?
@@ -375,6 +453,17 @@ impl Failure {
     }
 }
 
+/// Whether two ETags name the same version: equal once a weak prefix
+/// (`W/`) and the quotes are set aside (some servers send them unquoted).
+fn same_etag(a: &str, b: &str) -> bool {
+    let bare = |e: &str| {
+        let e = e.trim();
+        let e = e.strip_prefix("W/").unwrap_or(e);
+        e.trim_matches('"').to_string()
+    };
+    bare(a) == bare(b)
+}
+
 /// Delay before attempt `attempt + 1`: full jitter over
 /// `min(BACKOFF_MAX, BACKOFF_BASE * 2^(attempt - 1))`.
 fn backoff(attempt: u32) -> Duration {
@@ -382,6 +471,14 @@ fn backoff(attempt: u32) -> Duration {
         .saturating_mul(1 << (attempt - 1).min(16))
         .min(BACKOFF_MAX);
     cap.mul_f64(fastrand::f64())
+}
+
+/// Why a body could not be read to its end.
+enum BodyError {
+    /// No byte for this long.
+    Stalled(Duration),
+    /// The connection or the body failed; the error chain.
+    Failed(String),
 }
 
 /// Appends the body's bytes to `buf`, the first `skip` dropped, until it
@@ -393,13 +490,13 @@ async fn read_into(
     mut skip: u64,
     target: usize,
     stall: Duration,
-) -> Result<(), String> {
+) -> Result<(), BodyError> {
     while buf.len() < target {
         let chunk = match tokio::time::timeout(stall, body.try_next()).await {
             Ok(Ok(Some(c))) => c,
             Ok(Ok(None)) => break,
-            Ok(Err(e)) => return Err(crate::store::s3::error_chain(&e)),
-            Err(_) => return Err(format!("no byte for {stall:?}")),
+            Ok(Err(e)) => return Err(BodyError::Failed(crate::store::s3::error_chain(&e))),
+            Err(_) => return Err(BodyError::Stalled(stall)),
         };
         let mut c = &chunk[..];
         if skip > 0 {
@@ -429,25 +526,53 @@ async fn error_response(status: u16, body: ByteStream, stall: Duration) -> Failu
     let code = element("Code").unwrap_or_default();
     let msg = format!("{status} {code} {}", element("Message").unwrap_or_default());
     let msg = msg.trim().to_string();
+    // The codes the SDK's retry classifiers call throttling or transient
+    // (aws-runtime's AwsErrorCodeClassifier), and those of a stale clock or
+    // token, which the next attempt fixes (corrected time, new credentials).
     let throttling = matches!(
         code.as_str(),
-        "SlowDown" | "Throttling" | "ThrottlingException" | "RequestLimitExceeded"
+        "SlowDown"
+            | "Throttling"
+            | "ThrottlingException"
+            | "ThrottledException"
+            | "RequestThrottledException"
+            | "TooManyRequestsException"
+            | "RequestThrottled"
+            | "RequestLimitExceeded"
+            | "BandwidthLimitExceeded"
+            | "PriorRequestNotComplete"
+    );
+    let transient = matches!(
+        code.as_str(),
+        "RequestTimeout" | "RequestTimeoutException" | "InternalError"
+    );
+    let stale = matches!(
+        code.as_str(),
+        "RequestTimeTooSkewed" | "ExpiredToken" | "TokenRefreshRequired"
     );
     let (error, retry) = match (status, code.as_str()) {
         (_, "NoSuchBucket") => (StoreError::NoSuchBucket, false),
         (404, _) | (_, "NoSuchKey") => (StoreError::NotFound, false),
         (412, _) => (StoreError::PreconditionFailed, false),
         (416, _) => (StoreError::InvalidRange, false),
+        (_, _) if stale => (StoreError::AccessDenied(msg), true),
         (401 | 403, _) => (StoreError::AccessDenied(msg), false),
         (503 | 429, _) => (StoreError::Throttled(msg), true),
         (_, _) if throttling => (StoreError::Throttled(msg), true),
-        (400, "RequestTimeout" | "RequestTimeTooSkewed") => (StoreError::Transient(msg), true),
-        (500..=599, _) => (StoreError::Transient(msg), true),
+        (500 | 502 | 504, _) => (StoreError::Transient(msg), true),
+        (_, _) if transient => (StoreError::Transient(msg), true),
+        (500..=599, _) => (StoreError::Transient(msg), false),
         _ => (StoreError::Other(msg), false),
+    };
+    // The code in the label of a stale clock or token, for the caller.
+    let status = if stale {
+        format!("{status}_{code}")
+    } else {
+        status.to_string()
     };
     Failure {
         error,
-        status: status.to_string(),
+        status,
         retry,
     }
 }
@@ -455,17 +580,21 @@ async fn error_response(status: u16, body: ByteStream, stall: Duration) -> Failu
 /// The credentials of a provider, reused until shortly before they expire.
 struct CredentialsCache {
     provider: SharedCredentialsProvider,
-    /// The identity and when to stop using it.
-    current: RwLock<Option<(Identity, Instant)>>,
+    /// The identity and when to stop using it (wall-clock time: an
+    /// `Instant` stops while the host is suspended).
+    current: RwLock<Option<(Identity, SystemTime)>>,
+    /// Longest wait for the provider.
+    timeout: Duration,
     /// Held while the provider is asked, so concurrent GETs ask once.
     refresh: tokio::sync::Mutex<()>,
 }
 
 impl CredentialsCache {
-    fn new(provider: SharedCredentialsProvider) -> Self {
+    fn new(provider: SharedCredentialsProvider, timeout: Duration) -> Self {
         Self {
             provider,
             current: RwLock::new(None),
+            timeout,
             refresh: tokio::sync::Mutex::new(()),
         }
     }
@@ -473,8 +602,13 @@ impl CredentialsCache {
     fn fresh(&self) -> Option<Identity> {
         let cur = self.current.read().unwrap_or_else(|e| e.into_inner());
         cur.as_ref()
-            .filter(|(_, until)| Instant::now() < *until)
+            .filter(|(_, until)| SystemTime::now() < *until)
             .map(|(id, _)| id.clone())
+    }
+
+    /// Drops the credentials held (the server said they expired).
+    fn forget(&self) {
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// Errors as the SDK's: none loaded is [`StoreError::NoCredentials`], a
@@ -489,8 +623,7 @@ impl CredentialsCache {
             return Ok(id);
         }
         use aws_credential_types::provider::error::CredentialsError as C;
-        let loaded =
-            tokio::time::timeout(CREDENTIALS_TIMEOUT, self.provider.provide_credentials()).await;
+        let loaded = tokio::time::timeout(self.timeout, self.provider.provide_credentials()).await;
         let creds = match loaded {
             Ok(Ok(c)) => c,
             Err(_) => {
@@ -520,14 +653,10 @@ impl CredentialsCache {
                 });
             }
         };
-        let now = Instant::now();
-        let until = creds
-            .expiry()
-            .map(|t| {
-                let left = t.duration_since(SystemTime::now()).unwrap_or_default();
-                now + left.saturating_sub(CREDENTIALS_MARGIN)
-            })
-            .unwrap_or(now + CREDENTIALS_REUSE);
+        let until = match creds.expiry() {
+            Some(t) => t.checked_sub(CREDENTIALS_MARGIN).unwrap_or(t),
+            None => SystemTime::now() + CREDENTIALS_REUSE,
+        };
         let identity = Identity::from(creds);
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some((identity.clone(), until));
         Ok(identity)
@@ -545,6 +674,15 @@ mod tests {
         assert_eq!(enc("a b+c"), "a%20b%2Bc");
         assert_eq!(enc("x/../y//z"), "x/../y//z");
         assert_eq!(enc("\u{e9}%?#\u{1}"), "%C3%A9%25%3F%23%01");
+    }
+
+    #[test]
+    fn etags_compare_without_quotes_or_weak_prefix() {
+        assert!(super::same_etag("\"abc\"", "\"abc\""));
+        assert!(super::same_etag("abc", "\"abc\""));
+        assert!(super::same_etag("W/\"abc\"", "\"abc\""));
+        assert!(!super::same_etag("\"abc\"", "\"abd\""));
+        assert!(!super::same_etag("\"abc-2\"", "\"abc\""));
     }
 
     #[test]

@@ -14,6 +14,11 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 pub const S3_REQUESTS: &str = "lakemount_s3_requests_total";
 /// Histogram: latency of one S3 request including SDK retries, seconds; label `op`.
 pub const S3_REQUEST_SECONDS: &str = "lakemount_s3_request_duration_seconds";
+/// Counter: S3 request attempts that failed and were tried again, labels
+/// `op` and `cause` (the failed attempt's HTTP status, or `network`,
+/// `timeout`, `stall`, `short_body`, `credentials`). A resumed GET body
+/// counts here too.
+pub const S3_RETRIES: &str = "lakemount_s3_retries_total";
 /// Counter: bytes received in GET bodies.
 pub const S3_GET_BYTES: &str = "lakemount_s3_get_bytes_total";
 /// Counter: bytes returned to FUSE read requests.
@@ -158,6 +163,7 @@ pub fn s3_request_summary() -> Vec<String> {
         .filter(|l| {
             [
                 S3_REQUESTS,
+                S3_RETRIES,
                 S3_GET_BYTES,
                 CACHE_SKIPPED,
                 CACHE_BAD_PIECES,
@@ -174,6 +180,11 @@ pub fn s3_request_summary() -> Vec<String> {
 pub fn s3_request(op: &'static str, status: &str, elapsed: Duration) {
     metrics::counter!(S3_REQUESTS, "op" => op, "status" => status.to_string()).increment(1);
     metrics::histogram!(S3_REQUEST_SECONDS, "op" => op).record(elapsed.as_secs_f64());
+}
+
+/// Records one failed attempt of an `op` request that is tried again.
+pub fn s3_retry(op: &'static str, cause: &str) {
+    metrics::counter!(S3_RETRIES, "op" => op, "cause" => cause.to_string()).increment(1);
 }
 
 /// Records GET body bytes.

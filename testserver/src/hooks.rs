@@ -33,6 +33,8 @@ pub struct Hooks {
     /// GetObject body bytes sent since the last reset (of a broken body, the
     /// bytes before the break).
     body_bytes: std::sync::atomic::AtomicU64,
+    /// (key, Range header) of every GetObject since the last reset.
+    get_ranges: Mutex<Vec<(String, Option<String>)>>,
 }
 
 /// A GetObject body fault: `times` bodies of keys starting with `key_prefix`
@@ -79,6 +81,17 @@ impl Hooks {
         lock(&self.counts).clear();
         self.body_bytes
             .store(0, std::sync::atomic::Ordering::Relaxed);
+        lock(&self.get_ranges).clear();
+    }
+
+    /// Records a GetObject of `key` with this Range header.
+    pub fn add_get_range(&self, key: &str, range: Option<String>) {
+        lock(&self.get_ranges).push((key.to_owned(), range));
+    }
+
+    /// (key, Range header) of every GetObject since the last reset, in order.
+    pub fn get_ranges(&self) -> Vec<(String, Option<String>)> {
+        lock(&self.get_ranges).clone()
     }
 
     /// Counts `n` GetObject body bytes sent.

@@ -355,6 +355,12 @@ impl TestServer {
         self.inner.hooks.body_bytes()
     }
 
+    /// (key, Range header) of every GetObject since the last
+    /// [`Self::reset_counts`], in arrival order.
+    pub fn get_ranges(&self) -> Vec<(String, Option<String>)> {
+        self.inner.hooks.get_ranges()
+    }
+
     /// Requests of `op` on keys starting with `key_prefix` sleep `delay` (without
     /// blocking other requests) before being answered. For bucket-level operations
     /// such as `ListObjectsV2` the key is the request's `prefix` parameter ("" if

@@ -312,7 +312,13 @@ impl S3 for MemS3 {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
+        let range = req
+            .headers
+            .get(http::header::RANGE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let i = req.input;
+        self.hooks.add_get_range(&i.key, range);
         let obj = self.storage.get(&i.bucket, &i.key).map_err(storage_err)?;
         check_conditions(
             &obj,
