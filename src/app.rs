@@ -25,11 +25,17 @@ use crate::telemetry;
 pub fn run_mount(args: &MountArgs) -> anyhow::Result<()> {
     let source = Source::parse(&args.source).map_err(anyhow::Error::msg)?;
     let config = args.to_config()?;
-    check_mountpoint(&args.mountpoint)?;
+    let detached = check_mountpoint(&args.mountpoint)?;
     if args.daemon && !daemon::is_child() {
+        if let Some(note) = &detached {
+            eprintln!("lakemount: {note}");
+        }
         return daemon::spawn_and_wait(args.log_file.as_deref());
     }
     telemetry::init_logging(&config.telemetry.log_level)?;
+    if let Some(note) = &detached {
+        warn!("{note}");
+    }
     let result = mount_and_serve(&source, &args.mountpoint, &config);
     if let Err(e) = &result {
         daemon::report_failure(&format!("{e:#}"));
@@ -37,9 +43,20 @@ pub fn run_mount(args: &MountArgs) -> anyhow::Result<()> {
     result
 }
 
-fn check_mountpoint(path: &Path) -> anyhow::Result<()> {
-    let meta =
-        std::fs::metadata(path).with_context(|| format!("mount point {}", path.display()))?;
+/// Checks that `path` is a directory and not a mount point. A FUSE mount
+/// left there by a daemon that died (its requests answer ENOTCONN; a `stat`
+/// may still succeed from the kernel's attribute cache) is detached first
+/// (`umount -l`); the returned note says so, for the log.
+fn check_mountpoint(path: &Path) -> anyhow::Result<Option<String>> {
+    let mut detached = None;
+    let meta = match std::fs::metadata(path) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            detached = Some(detach_dead_fuse_mount(path, &e)?);
+            std::fs::metadata(path)
+        }
+        other => other,
+    }
+    .with_context(|| format!("mount point {}", path.display()))?;
     if !meta.is_dir() {
         bail!("mount point {} is not a directory", path.display());
     }
@@ -47,19 +64,85 @@ fn check_mountpoint(path: &Path) -> anyhow::Result<()> {
     // it, and its shutdown would unmount the other one by path.
     let canonical =
         std::fs::canonicalize(path).with_context(|| format!("mount point {}", path.display()))?;
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let want = canonical.to_string_lossy();
-    if mounts
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(want.as_ref()))
-    {
+    if mount_at(&canonical).is_some() {
+        if let Err(e) = statfs(&canonical)
+            && e.raw_os_error() == Some(libc::ENOTCONN)
+            && detached.is_none()
+        {
+            return Ok(Some(detach_dead_fuse_mount(&canonical, &e)?));
+        }
         bail!(
             "mount point {} is already a mount point; unmount it first (umount {})",
             canonical.display(),
             canonical.display()
         );
     }
-    Ok(())
+    Ok(detached)
+}
+
+/// The file system type of the mount whose mount point is `abs`
+/// (`/proc/self/mountinfo`, proc(5): field 5 is the mount point, the type
+/// follows " - "), `None` when nothing is mounted there.
+fn mount_at(abs: &Path) -> Option<String> {
+    let want = abs.to_string_lossy();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    mounts.lines().find_map(|l| {
+        (l.split(' ').nth(4) == Some(want.as_ref()))
+            .then(|| Some(l.split(" - ").nth(1)?.split(' ').next()?.to_string()))
+            .flatten()
+    })
+}
+
+/// statfs(2) of `path`: a FUSE mount sends it to its daemon, so a dead one
+/// answers ENOTCONN.
+fn statfs(path: &Path) -> std::io::Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(std::io::Error::other)?;
+    // SAFETY: a NUL-terminated path and a zeroed out-buffer of the right type.
+    let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut buf) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Lazily unmounts the dead FUSE mount at `path` (`stat` or `statfs` gave
+/// `err`, ENOTCONN): `umount2(MNT_DETACH)` as root, else `fusermount3 -uz` (or
+/// `fusermount -uz`). Refuses when `/proc/self/mountinfo` shows no FUSE mount
+/// there. Returns the note for the log.
+fn detach_dead_fuse_mount(path: &Path, err: &std::io::Error) -> anyhow::Result<String> {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let want = abs.to_string_lossy();
+    let Some(fstype) = mount_at(&abs).filter(|t| t == "fuse" || t.starts_with("fuse.")) else {
+        bail!("mount point {}: {err}", path.display());
+    };
+    let c = std::ffi::CString::new(want.as_bytes())
+        .with_context(|| format!("mount point {}", path.display()))?;
+    // SAFETY: umount2(2) with a NUL-terminated path.
+    let done = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0;
+    let done = done
+        || ["fusermount3", "fusermount"].iter().any(|tool| {
+            std::process::Command::new(tool)
+                .args(["-u", "-z"])
+                .arg(&abs)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+    if !done {
+        bail!(
+            "mount point {} is a {fstype} mount whose daemon is gone ({err}), and \
+             unmounting it failed; run `umount -l {}` (or `fusermount3 -uz`) as its owner",
+            path.display(),
+            abs.display()
+        );
+    }
+    Ok(format!(
+        "mount point {} was a {fstype} mount whose daemon is gone ({err}); detached it \
+         (umount -l) and mounting again",
+        abs.display()
+    ))
 }
 
 /// Tokio worker threads: every core, at least 2 (one may wait on the disk).

@@ -483,6 +483,38 @@ fn second_mount_on_the_same_directory_is_refused() {
     assert_eq!(std::fs::read_to_string(m.p("f")).unwrap(), "first");
 }
 
+/// After `kill -9` of the daemon its mount point answers ENOTCONN; the next
+/// `lakemount mount` at the same path detaches the dead mount, says so, and
+/// mounts: no manual `umount` needed (a restart policy can bring it back).
+#[test]
+fn mount_over_a_dead_mount_of_a_killed_daemon_detaches_it() {
+    let b = bucket("deadmount");
+    server().put(&b, "f", "alive again");
+    let mut m = Mount::new(&b, &[]);
+    assert_eq!(std::fs::read_to_string(m.p("f")).unwrap(), "alive again");
+    let mut child = m.child.take().unwrap();
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    // (A stat of the root may still be answered from the kernel's cache.)
+    let err = std::fs::read_dir(m.path()).map(drop).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+    let o = run(lakemount_cmd(&server().endpoint())
+        .args(["mount", &format!("s3://{b}")])
+        .arg(m.path())
+        .arg("--daemon"));
+    let mounted = is_mounted(&m.path());
+    let read = std::fs::read_to_string(m.p("f"));
+    let _ = Command::new("umount").arg(m.path()).status();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(mounted, "{}", stderr(&o));
+    assert_eq!(read.unwrap(), "alive again");
+    assert!(
+        stderr(&o).contains("whose daemon is gone") && stderr(&o).contains("detached"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 #[test]
 fn decimal_file_mode_in_toml_is_refused_with_the_octal_spelling() {
     let dir = TempDir::new("decmode");
