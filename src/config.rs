@@ -90,6 +90,9 @@ const MAX_PART_SIZE: u64 = 5 << 30;
 /// than this only add connections (each GET holds one) without filling a link
 /// any better.
 const MAX_CONCURRENT_GETS: usize = 256;
+/// Upper bound of `metadata.stale_if_error_secs`: 30 days, past any outage
+/// a job would wait out.
+const MAX_STALE_IF_ERROR_SECS: f64 = 30.0 * 86_400.0;
 /// Upper bound of `read.small_max_in_flight`: past this many GETs at once a
 /// server throttles rather than answers faster.
 const MAX_SMALL_IN_FLIGHT: usize = 1024;
@@ -246,6 +249,15 @@ impl Config {
             return bad(
                 "metadata.ttl_secs",
                 format!("{}; accepted: 0 or more seconds", t.ttl_secs),
+            );
+        }
+        if !(0.0..=MAX_STALE_IF_ERROR_SECS).contains(&t.stale_if_error_secs) {
+            return bad(
+                "metadata.stale_if_error_secs",
+                format!(
+                    "{}; accepted: 0 to {MAX_STALE_IF_ERROR_SECS} seconds",
+                    t.stale_if_error_secs
+                ),
             );
         }
         if t.kernel_ttl_secs

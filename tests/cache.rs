@@ -834,3 +834,106 @@ fn small_files_are_read_through_lakemount_not_passed_through() {
         1
     );
 }
+
+/// Drops the page cache of the file at `path` (so its next read reaches
+/// lakemount).
+fn drop_page_cache(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: posix_fadvise(2) on an open descriptor.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0, "posix_fadvise");
+}
+
+/// Stale-if-error: while S3 answers every request with 503, files whose
+/// bytes are in the data cache keep opening and reading past the metadata
+/// TTL; a file that is not cached fails with EIO (not ENOENT); once S3
+/// answers again, everything reads and listings are fresh again.
+#[test]
+fn cached_files_keep_reading_while_s3_fails() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "stalefail");
+    let files = [
+        ("d/big", data(300_000, 61)),
+        ("d/small", data(5_000, 62)),
+        ("d/uncached", data(300_000, 63)),
+    ];
+    for (k, d) in &files {
+        srv.put(&b, k, d.clone());
+    }
+    let dir = TempDir::new("cache-stalefail");
+    let cache = dir.0.join("c");
+    let m = mount_cached(
+        &srv,
+        &b,
+        &cache,
+        "\n[metadata]\nttl_secs = 1.0\n[s3]\nmax_attempts = 2\n[read]\nsmall_max_size = 0\n",
+    );
+    assert!(read(&m, "d/big") == files[0].1);
+    assert!(read(&m, "d/small") == files[1].1);
+    wait_blocks(&cache, 2);
+    std::thread::sleep(Duration::from_millis(1500));
+    for op in ["ListObjectsV2", "GetObject", "HeadObject"] {
+        srv.fail_next(op, 503, 100_000);
+    }
+    for (k, d) in &files[..2] {
+        drop_page_cache(&m.p(k));
+        assert!(read(&m, k) == *d, "{k} while S3 fails");
+    }
+    let t = Instant::now();
+    let err = std::fs::read(m.p("d/uncached"))
+        .map(|d| d.len())
+        .unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "EIO took {:?}",
+        t.elapsed()
+    );
+    assert!(m.log().contains("serving the last listings"), "{}", m.log());
+    for op in ["ListObjectsV2", "GetObject", "HeadObject"] {
+        srv.fail_next(op, 0, 0);
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    assert!(read(&m, "d/uncached") == files[2].1);
+    srv.put(&b, "d/new", "after the outage");
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(read(&m, "d/new"), b"after the outage");
+    let log = m.log();
+    assert!(log.contains("stale listings no longer served"), "{log}");
+}
+
+/// The same with the server gone (connections refused): cached files keep
+/// reading, an uncached one is EIO within a few seconds. (Small-object
+/// read-ahead is off in both: it would have fetched the uncached file.)
+#[test]
+fn cached_files_keep_reading_after_s3_stops() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "stalestop");
+    srv.put(&b, "d/big", data(300_000, 71));
+    srv.put(&b, "d/uncached", data(300_000, 72));
+    let dir = TempDir::new("cache-stalestop");
+    let cache = dir.0.join("c");
+    let m = mount_cached(
+        &srv,
+        &b,
+        &cache,
+        "\n[metadata]\nttl_secs = 1.0\n[s3]\nmax_attempts = 2\n[read]\nsmall_max_size = 0\n",
+    );
+    assert!(read(&m, "d/big") == data(300_000, 71));
+    wait_blocks(&cache, 1);
+    srv.shutdown();
+    std::thread::sleep(Duration::from_millis(1500));
+    drop_page_cache(&m.p("d/big"));
+    assert!(read(&m, "d/big") == data(300_000, 71));
+    let t = Instant::now();
+    let err = std::fs::read(m.p("d/uncached"))
+        .map(|d| d.len())
+        .unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "EIO took {:?}",
+        t.elapsed()
+    );
+}

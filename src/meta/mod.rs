@@ -68,6 +68,13 @@ pub struct MetaConfig {
     /// ranges, 32 requests at once; see [`tree`]), so a walk or a loader finds
     /// every listing cached. For data sets read whole.
     pub prefetch_tree: bool,
+    /// Stale-if-error: how long past `ttl_secs` a directory's last listing is
+    /// still served when listing it again fails with a server or network
+    /// fault (5xx, throttling, timeouts, refused connections: the server is
+    /// down or failing), seconds. Cached files of such a directory keep
+    /// reading meanwhile. 3600: an outage of up to an hour does not stop a
+    /// training job whose data is cached. 0: never (the fault is EIO).
+    pub stale_if_error_secs: f64,
 }
 
 impl Default for MetaConfig {
@@ -80,6 +87,7 @@ impl Default for MetaConfig {
             max_cached_entries: 1_000_000,
             max_dir_entries: 250_000,
             prefetch_tree: false,
+            stale_if_error_secs: 3600.0,
         }
     }
 }
@@ -89,6 +97,11 @@ fn secs(v: f64) -> Duration {
 }
 
 impl MetaConfig {
+    /// How long past the TTL a last listing is served while listing fails.
+    pub fn stale_if_error(&self) -> Duration {
+        secs(self.stale_if_error_secs)
+    }
+
     /// Listing TTL.
     pub fn ttl(&self) -> Duration {
         secs(self.ttl_secs)
@@ -144,6 +157,11 @@ pub struct Meta<S> {
     negative: moka::sync::Cache<(String, String), std::time::Instant>,
     /// Directories found to hold more than `max_dir_entries`, for the TTL.
     huge: moka::sync::Cache<String, ()>,
+    /// The last listing fetched of each directory, for the TTL plus
+    /// [`MetaConfig::stale_if_error`] (the same `Arc`s as `listings`).
+    last_good: moka::sync::Cache<String, Listing>,
+    /// Whether stale listings are being served now: warned once per outage.
+    outage: std::sync::atomic::AtomicBool,
     /// The inode table.
     pub inodes: InodeTable,
 }
@@ -166,6 +184,13 @@ impl<S: ObjectStore> Meta<S> {
             .max_capacity(MAX_HUGE_DIRS)
             .time_to_live(config.ttl().max(Duration::from_millis(1)))
             .build();
+        let last_good = moka::sync::Cache::builder()
+            .max_capacity(config.max_cached_entries.max(1))
+            .weigher(|_: &String, v: &Listing| {
+                v.entries.len().saturating_add(1).min(u32::MAX as usize) as u32
+            })
+            .time_to_live((config.ttl() + config.stale_if_error()).max(Duration::from_millis(1)))
+            .build();
         Self {
             store,
             inodes: InodeTable::new(root_prefix),
@@ -173,6 +198,8 @@ impl<S: ObjectStore> Meta<S> {
             listings,
             negative,
             huge,
+            last_good,
+            outage: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -231,9 +258,17 @@ impl<S: ObjectStore> Meta<S> {
             })
             .await;
         match result {
-            Ok(listing) => Ok(Some(listing)),
+            Ok(listing) => {
+                if !self.config.stale_if_error().is_zero() {
+                    self.fetched_fine(prefix, &listing);
+                }
+                Ok(Some(listing))
+            }
             Err(e) => match &*e {
-                Some(store_error) => Err(store_error.clone()),
+                Some(store_error) => match self.stale_listing(prefix, store_error) {
+                    Some(stale) => Ok(Some(stale)),
+                    None => Err(store_error.clone()),
+                },
                 None => {
                     if !self.huge.contains_key(prefix) {
                         warn!(prefix = %prefix.escape_debug(), max_dir_entries = limit,
@@ -245,6 +280,44 @@ impl<S: ObjectStore> Meta<S> {
                 }
             },
         }
+    }
+
+    /// Keeps `listing` of `prefix` as its last good one; ends an outage.
+    fn fetched_fine(&self, prefix: &str, listing: &Listing) {
+        let held = self.last_good.get(prefix);
+        if held.is_none_or(|h| !Arc::ptr_eq(&h, listing)) {
+            self.last_good.insert(prefix.to_string(), listing.clone());
+        }
+        if self
+            .outage
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::info!("S3 answers listings again: stale listings no longer served");
+        }
+    }
+
+    /// The last good listing of `prefix` when listing it failed with a
+    /// server or network fault (`err`) and it is at most the TTL plus
+    /// [`MetaConfig::stale_if_error`] old; warns once per outage.
+    fn stale_listing(&self, prefix: &str, err: &StoreError) -> Option<Listing> {
+        if !matches!(err, StoreError::Transient(_) | StoreError::Throttled(_)) {
+            return None;
+        }
+        let old = self.last_good.get(prefix)?;
+        if old.fetched.elapsed() > self.config.ttl() + self.config.stale_if_error() {
+            return None;
+        }
+        metrics::counter!(m::META_STALE_LISTINGS).increment(1);
+        if !self.outage.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            warn!(
+                prefix = %prefix.escape_debug(),
+                error = %err,
+                stale_if_error_secs = self.config.stale_if_error_secs,
+                "listing failed: serving the last listings past their TTL until S3 answers \
+                 (cached files keep reading; others fail with EIO)"
+            );
+        }
+        Some(old)
     }
 
     /// Finds `name` in the directory at `prefix`. `Ok(None)`: no such entry

@@ -64,6 +64,9 @@ pub const SMALL_PREFETCH_UNREAD_BYTES: &str = "lakemount_small_prefetch_unread_b
 
 /// Counter: directory-listing cache lookups, label `result` (hit, miss).
 pub const META_LISTING_CACHE: &str = "lakemount_meta_listing_cache_total";
+/// Counter: listings served past their TTL because listing the directory
+/// again failed with a server or network fault (stale-if-error).
+pub const META_STALE_LISTINGS: &str = "lakemount_meta_stale_listings_total";
 /// Counter: negative-cache lookups, label `result` (hit: answered "missing"
 /// without a listing; miss: a name found missing and remembered).
 pub const META_NEGATIVE_CACHE: &str = "lakemount_meta_negative_cache_total";
