@@ -36,11 +36,43 @@ pub fn run_mount(args: &MountArgs) -> anyhow::Result<()> {
     if let Some(note) = &detached {
         warn!("{note}");
     }
+    raise_open_files_limit();
     let result = mount_and_serve(&source, &args.mountpoint, &config);
     if let Err(e) = &result {
         daemon::report_failure(&format!("{e:#}"));
     }
     result
+}
+
+/// Raises the soft limit of open files (RLIMIT_NOFILE) to the hard limit:
+/// cache files, connections and FUSE passthrough backing files each hold a
+/// descriptor, and the common soft default of 1024 runs out under hundreds
+/// of open files, surfacing as EMFILE deep in a read. Logged when it stays
+/// low.
+fn raise_open_files_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit(2) with a valid rlimit struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    if lim.rlim_cur >= lim.rlim_max {
+        return;
+    }
+    let was = lim.rlim_cur;
+    lim.rlim_cur = lim.rlim_max;
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } == 0 {
+        tracing::debug!(from = was, to = lim.rlim_max, "open files limit raised");
+    } else {
+        warn!(
+            soft = was,
+            hard = lim.rlim_max,
+            "could not raise the open files limit: {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 /// Checks that `path` is a directory and not a mount point. A FUSE mount

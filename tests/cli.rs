@@ -515,6 +515,58 @@ fn mount_over_a_dead_mount_of_a_killed_daemon_detaches_it() {
     );
 }
 
+/// The daemon raises its soft open-files limit (RLIMIT_NOFILE) to the hard
+/// one: it was started with a soft limit of 256 here.
+#[test]
+fn the_open_files_limit_is_raised_to_the_hard_limit() {
+    use std::os::unix::process::CommandExt;
+    let b = bucket("nofile");
+    server().put(&b, "f", "x");
+    let dir = TempDir::new("nofile");
+    let mnt = dir.0.join("m");
+    std::fs::create_dir(&mnt).unwrap();
+    let mut cmd = lakemount_cmd(&server().endpoint());
+    cmd.args(["mount", &format!("s3://{b}")]).arg(&mnt);
+    // SAFETY: only setrlimit(2), async-signal-safe, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut lim = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+            lim.rlim_cur = lim.rlim_cur.min(256);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !is_mounted(&mnt) {
+        assert!(std::time::Instant::now() < deadline, "mount timed out");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
+    let _ = Command::new("umount").arg(&mnt).status();
+    let _ = child.wait();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files line");
+    let f: Vec<&str> = line.split_whitespace().collect();
+    // "Max open files  SOFT  HARD  files"
+    let (soft, hard) = (f[3], f[4]);
+    assert!(
+        hard == "unlimited" || hard.parse::<u64>().unwrap() > 256,
+        "{line}"
+    );
+    assert_eq!(soft, hard, "{line}");
+}
+
 #[test]
 fn decimal_file_mode_in_toml_is_refused_with_the_octal_spelling() {
     let dir = TempDir::new("decmode");
