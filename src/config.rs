@@ -93,6 +93,29 @@ const MAX_CONCURRENT_GETS: usize = 256;
 /// Upper bound of `metadata.stale_if_error_secs`: 30 days, past any outage
 /// a job would wait out.
 const MAX_STALE_IF_ERROR_SECS: f64 = 30.0 * 86_400.0;
+/// Upper bound of the metadata TTL keys: one year. Larger values overflow
+/// `Instant` arithmetic (and `1e20` overflows `Duration`) where the TTL is
+/// added to a time.
+const MAX_TTL_SECS: f64 = 365.0 * 86_400.0;
+/// Bounds of the S3 timeout keys: 1 ms (a zero timeout fails every request)
+/// to one day.
+const MIN_TIMEOUT_SECS: f64 = 0.001;
+const MAX_TIMEOUT_SECS: f64 = 86_400.0;
+/// Upper bound of `cache.ttl_secs`: ten years.
+const MAX_CACHE_TTL_SECS: u64 = 10 * 365 * 86_400;
+
+/// A duration key's check: `v` seconds within `min..=max` (NaN and
+/// infinities are not), else the error naming `key` and the range.
+fn seconds(key: &'static str, v: f64, min: f64, max: f64) -> Result<(), ConfigError> {
+    if (min..=max).contains(&v) {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid {
+            key,
+            message: format!("{v}; accepted: {min} to {max} seconds"),
+        })
+    }
+}
 /// Upper bound of `read.small_max_in_flight`: past this many GETs at once a
 /// server throttles rather than answers faster.
 const MAX_SMALL_IN_FLIGHT: usize = 1024;
@@ -200,8 +223,14 @@ impl Config {
                 ),
             );
         }
-        if c.ttl_secs == 0 {
-            return bad("cache.ttl_secs", "0; accepted: at least 1 second".into());
+        if !(1..=MAX_CACHE_TTL_SECS).contains(&c.ttl_secs) {
+            return bad(
+                "cache.ttl_secs",
+                format!(
+                    "{}; accepted: 1 to {MAX_CACHE_TTL_SECS} seconds",
+                    c.ttl_secs
+                ),
+            );
         }
         if let Some(dir) = &c.dir
             && !dir.is_absolute()
@@ -245,29 +274,19 @@ impl Config {
             );
         }
         let t = &self.metadata;
-        if !(t.ttl_secs >= 0.0 && t.ttl_secs.is_finite()) {
-            return bad(
-                "metadata.ttl_secs",
-                format!("{}; accepted: 0 or more seconds", t.ttl_secs),
-            );
+        seconds("metadata.ttl_secs", t.ttl_secs, 0.0, MAX_TTL_SECS)?;
+        if let Some(k) = t.kernel_ttl_secs {
+            seconds("metadata.kernel_ttl_secs", k, 0.0, MAX_TTL_SECS)?;
         }
-        if !(0.0..=MAX_STALE_IF_ERROR_SECS).contains(&t.stale_if_error_secs) {
-            return bad(
-                "metadata.stale_if_error_secs",
-                format!(
-                    "{}; accepted: 0 to {MAX_STALE_IF_ERROR_SECS} seconds",
-                    t.stale_if_error_secs
-                ),
-            );
+        if let Some(n) = t.negative_ttl_secs {
+            seconds("metadata.negative_ttl_secs", n, 0.0, MAX_TTL_SECS)?;
         }
-        if t.kernel_ttl_secs
-            .is_some_and(|k| !(k >= 0.0 && k.is_finite()))
-        {
-            return bad(
-                "metadata.kernel_ttl_secs",
-                "accepted: 0 or more seconds".into(),
-            );
-        }
+        seconds(
+            "metadata.stale_if_error_secs",
+            t.stale_if_error_secs,
+            0.0,
+            MAX_STALE_IF_ERROR_SECS,
+        )?;
         let level = self.telemetry.log_level.trim();
         let plain = ["error", "warn", "info", "debug", "trace", "off"];
         if !level.contains('=')
@@ -288,18 +307,18 @@ impl Config {
                 format!("{}; accepted: 1 to 20", s.max_attempts),
             );
         }
-        if !(s.connect_timeout_secs > 0.0 && s.connect_timeout_secs.is_finite()) {
-            return bad(
-                "s3.connect_timeout_secs",
-                "accepted: more than 0 seconds".into(),
-            );
-        }
-        if !(s.attempt_timeout_secs > 0.0 && s.attempt_timeout_secs.is_finite()) {
-            return bad(
-                "s3.attempt_timeout_secs",
-                "accepted: more than 0 seconds".into(),
-            );
-        }
+        seconds(
+            "s3.connect_timeout_secs",
+            s.connect_timeout_secs,
+            MIN_TIMEOUT_SECS,
+            MAX_TIMEOUT_SECS,
+        )?;
+        seconds(
+            "s3.attempt_timeout_secs",
+            s.attempt_timeout_secs,
+            MIN_TIMEOUT_SECS,
+            MAX_TIMEOUT_SECS,
+        )?;
         if let Some(url) = &s.endpoint_url
             && !(url.starts_with("http://") || url.starts_with("https://"))
         {
@@ -410,6 +429,40 @@ mod tests {
         }
         let e = Config::from_toml("[read]\npart_size = \"50%\"\n", "x.toml").unwrap_err();
         assert!(e.to_string().contains("\"8MiB\""), "{e}");
+    }
+
+    /// Every duration key refuses NaN, infinities, negatives and values so
+    /// large that adding them to a time would overflow, naming the key.
+    #[test]
+    fn every_duration_key_is_bounded_and_named() {
+        let keys = [
+            ("metadata", "ttl_secs"),
+            ("metadata", "kernel_ttl_secs"),
+            ("metadata", "negative_ttl_secs"),
+            ("metadata", "stale_if_error_secs"),
+            ("s3", "connect_timeout_secs"),
+            ("s3", "attempt_timeout_secs"),
+        ];
+        for (section, key) in keys {
+            for v in ["inf", "nan", "-1.0", "1e20"] {
+                let text = format!("[{section}]\n{key} = {v}\n");
+                let e = Config::from_toml(&text, "x.toml")
+                    .and_then(|c| c.validate().map(|()| c))
+                    .map(drop)
+                    .unwrap_err()
+                    .to_string();
+                assert!(e.contains(&format!("{section}.{key}")), "{text}: {e}");
+            }
+        }
+        for v in ["0", "400000000"] {
+            let text = format!("[cache]\nttl_secs = {v}\n");
+            let e = Config::from_toml(&text, "x.toml")
+                .and_then(|c| c.validate().map(|()| c))
+                .map(drop)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("cache.ttl_secs"), "{text}: {e}");
+        }
     }
 
     #[test]
