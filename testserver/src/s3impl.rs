@@ -456,20 +456,6 @@ impl S3 for MemS3 {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn token_round_trip() {
-        for s in ["", "a/b", "é #+%"] {
-            assert_eq!(hex_decode(&hex_encode(s)).as_deref(), Some(s));
-        }
-        assert_eq!(hex_decode("zz"), None);
-        assert_eq!(hex_decode("abc"), None);
-    }
-}
-
 /// A body that sends `head` and then fails (`stall` false) or sends nothing
 /// more and stays open (`stall` true).
 fn broken_body(head: bytes::Bytes, stall: bool) -> StreamingBlob {
@@ -485,5 +471,19 @@ fn broken_body(head: bytes::Bytes, stall: bool) -> StreamingBlob {
             Err(std::io::Error::other("injected body cut"))
         });
         StreamingBlob::wrap(first.chain(cut))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_round_trip() {
+        for s in ["", "a/b", "é #+%"] {
+            assert_eq!(hex_decode(&hex_encode(s)).as_deref(), Some(s));
+        }
+        assert_eq!(hex_decode("zz"), None);
+        assert_eq!(hex_decode("abc"), None);
     }
 }
