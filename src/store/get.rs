@@ -315,6 +315,7 @@ impl DirectGet {
         }
         let want = (range.end - range.start) as usize;
         let length = header("content-length").and_then(|v| v.trim().parse::<u64>().ok());
+        // Retried: a proxy or a server node can send a wrong range once.
         let bad_range = |what: String| Failure {
             error: StoreError::Transient(format!(
                 "GET {url} bytes {}-{}: the server sent {what}",
@@ -322,7 +323,7 @@ impl DirectGet {
                 range.end - 1
             )),
             status: "bad_range".into(),
-            retry: false,
+            retry: true,
         };
         // 206 names the range it sends in Content-Range; a 206 without the
         // header is taken as the range when its length is the range's. A
@@ -335,7 +336,6 @@ impl DirectGet {
             },
             None => status == 206 || length == Some(want as u64),
         };
-        // Fewer bytes than the range cannot be fixed by asking again.
         let expect = if ranged { want as u64 } else { range.end };
         if let Some(l) = length.filter(|&l| if ranged { l != expect } else { l < expect }) {
             return Err(bad_range(format!("{l} bytes")));

@@ -19,6 +19,7 @@
 
 #![warn(missing_docs)]
 
+pub mod faults;
 mod hooks;
 mod percent;
 mod s3impl;
