@@ -319,6 +319,12 @@ impl Config {
             MIN_TIMEOUT_SECS,
             MAX_TIMEOUT_SECS,
         )?;
+        seconds(
+            "s3.stall_timeout_secs",
+            s.stall_timeout_secs,
+            MIN_TIMEOUT_SECS,
+            MAX_TIMEOUT_SECS,
+        )?;
         if let Some(url) = &s.endpoint_url
             && !(url.starts_with("http://") || url.starts_with("https://"))
         {
@@ -442,6 +448,7 @@ mod tests {
             ("metadata", "stale_if_error_secs"),
             ("s3", "connect_timeout_secs"),
             ("s3", "attempt_timeout_secs"),
+            ("s3", "stall_timeout_secs"),
         ];
         for (section, key) in keys {
             for v in ["inf", "nan", "-1.0", "1e20"] {

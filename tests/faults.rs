@@ -39,12 +39,12 @@ fn every_kind_of_fault_at_ten_percent_reads_byte_exact() {
         }
     }
     let proxy = FaultProxy::start(srv.addr(), FaultPlan::every_kind(0.0, 11)).unwrap();
-    // A stall is cut after 2 s without a byte, and 5 attempts cover a run
+    // A stall is cut after 1 s without a byte, and 6 attempts cover a run
     // of faults on one request.
     let m = MountSpec::new(&b)
         .server(&srv)
         .env("LAKEMOUNT_ENDPOINT_URL", &proxy.endpoint())
-        .config("[s3]\nattempt_timeout_secs = 2.0\nmax_attempts = 6\n")
+        .config("[s3]\nstall_timeout_secs = 1.0\nmax_attempts = 6\n")
         .mount();
     for (dir, kinds) in &rounds {
         proxy.set_plan(FaultPlan {
@@ -93,4 +93,31 @@ fn every_kind_of_fault_at_ten_percent_reads_byte_exact() {
         );
         assert!(injected > 0, "{dir}: no fault was injected");
     }
+}
+
+/// A ListObjectsV2 answer cut short (a chunked body that ends early, well
+/// formed so far) is never taken as a shorter directory: while every answer
+/// is cut, `ls` fails with EIO; once they are whole, every name is there.
+#[test]
+fn a_listing_cut_short_is_eio_never_a_shorter_directory() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "cutlist");
+    for i in 0..300 {
+        srv.put(&b, &format!("d/file-{i:03}"), "x");
+    }
+    let proxy = FaultProxy::start(srv.addr(), FaultPlan::every_kind(0.0, 5)).unwrap();
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .env("LAKEMOUNT_ENDPOINT_URL", &proxy.endpoint())
+        .config("[s3]\nmax_attempts = 2\n")
+        .mount();
+    proxy.set_plan(FaultPlan {
+        rate: 1.0,
+        kinds: vec![Fault::TruncatedBody],
+        ..FaultPlan::every_kind(1.0, 5)
+    });
+    let err = std::fs::read_dir(m.p("d")).map(|d| d.count()).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    proxy.set_rate(0.0);
+    assert_eq!(names(&m.p("d")).len(), 300);
 }

@@ -476,7 +476,7 @@ fn a_broken_get_body_is_resumed_from_its_first_missing_byte() {
     }
     let m = MountSpec::new(&b)
         .server(&srv)
-        .config("[s3]\nattempt_timeout_secs = 2.0\n")
+        .config("[s3]\nstall_timeout_secs = 2.0\n")
         .mount();
     // What reading each file costs when nothing breaks.
     let mut plain = Vec::new();
@@ -513,7 +513,7 @@ fn a_broken_get_body_is_resumed_from_its_first_missing_byte() {
                 "{dir}/{name}: no GET resumed at byte 4000: {ranges:?}"
             );
             if stall {
-                // The attempt timeout (2 s) plus at most one backoff (1 s).
+                // The stall timeout (2 s) plus at most one backoff (1 s).
                 assert!(t.elapsed() < Duration::from_secs(10), "{dir}/{name}");
             }
         }
@@ -530,7 +530,7 @@ fn an_object_changed_while_its_body_stalls_is_estale_not_mixed() {
     srv.put(&b, "c/f", data(20_000, 51));
     let m = MountSpec::new(&b)
         .server(&srv)
-        .config("[s3]\nattempt_timeout_secs = 2.0\n")
+        .config("[s3]\nstall_timeout_secs = 2.0\n")
         .mount();
     assert_eq!(names(&m.p("c")), ["f"]);
     srv.reset_counts();

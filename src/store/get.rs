@@ -24,8 +24,9 @@
 //!   ETag (`If-Match`), so the bytes kept and the bytes added are of one
 //!   version. That counts as one more attempt. An object listed without an
 //!   ETag cannot be pinned: its GET starts over instead.
-//! * **Stalls**: no byte of the body for `s3.attempt_timeout_secs` fails the
-//!   attempt (the SDK's stalled-stream protection has the same purpose).
+//! * **Stalls**: no byte of the body for `s3.stall_timeout_secs` (5 s) fails
+//!   the attempt, and the next one resumes the body at once (the SDK's
+//!   stalled-stream protection has the same purpose and grace period).
 //! * **Credentials**: reused until a minute before they expire (wall-clock
 //!   time, so a suspended host does not keep expired ones); credentials
 //!   without an expiry for 15 minutes (the SDK identity cache's default). An
@@ -100,8 +101,10 @@ pub(super) struct Setup<'a> {
     pub credentials: Option<SharedCredentialsProvider>,
     pub connector: Connector,
     pub max_attempts: u32,
-    /// First-byte and body-stall limit of one attempt.
+    /// First-byte limit of one attempt (also of one credentials load).
     pub attempt_timeout: Duration,
+    /// Longest pause of a body before the attempt is given up and resumed.
+    pub stall_timeout: Duration,
 }
 
 /// Ranged, ETag-pinned GETs of one bucket. Cheap to share behind an `Arc`.
@@ -117,6 +120,7 @@ pub(super) struct DirectGet {
     credentials: Option<CredentialsCache>,
     max_attempts: u32,
     attempt_timeout: Duration,
+    stall_timeout: Duration,
 }
 
 impl std::fmt::Debug for DirectGet {
@@ -181,6 +185,7 @@ impl DirectGet {
                 .map(|p| CredentialsCache::new(p, s.attempt_timeout)),
             max_attempts: s.max_attempts.max(1),
             attempt_timeout: s.attempt_timeout,
+            stall_timeout: s.stall_timeout,
         })
     }
 
@@ -343,7 +348,7 @@ impl DirectGet {
         let skip = if ranged { 0 } else { range.start };
         let body = ByteStream::new(resp.into_body());
         let target = buf.len() + want;
-        match read_into(buf, body, skip, target, self.attempt_timeout).await {
+        match read_into(buf, body, skip, target, self.stall_timeout).await {
             Ok(()) if buf.len() == target => Ok(if ranged { "206" } else { "200" }),
             Ok(()) => Err(poison(Failure::retry(
                 StoreError::Transient(format!(
@@ -466,7 +471,7 @@ fn same_etag(a: &str, b: &str) -> bool {
 
 /// Delay before attempt `attempt + 1`: full jitter over
 /// `min(BACKOFF_MAX, BACKOFF_BASE * 2^(attempt - 1))`.
-fn backoff(attempt: u32) -> Duration {
+pub(super) fn backoff(attempt: u32) -> Duration {
     let cap = BACKOFF_BASE
         .saturating_mul(1 << (attempt - 1).min(16))
         .min(BACKOFF_MAX);

@@ -58,8 +58,14 @@ pub struct S3Config {
     /// TCP/TLS connect timeout, seconds.
     pub connect_timeout_secs: f64,
     /// Timeout of one attempt of one request, seconds (a 64 MiB part at 10 MB/s
-    /// takes ~7 s; 30 s leaves room for a slow, shared link).
+    /// takes ~7 s; 30 s leaves room for a slow, shared link). For a GET: until
+    /// its response headers.
     pub attempt_timeout_secs: f64,
+    /// A GET body that sends no byte for this long is given up and resumed
+    /// from its first missing byte with a new request, seconds. 5 s: the
+    /// grace period of the AWS SDK's stalled-stream protection; on a working
+    /// link a body never pauses that long.
+    pub stall_timeout_secs: f64,
 }
 
 impl Default for S3Config {
@@ -74,6 +80,7 @@ impl Default for S3Config {
             max_attempts: 5,
             connect_timeout_secs: 5.0,
             attempt_timeout_secs: 30.0,
+            stall_timeout_secs: 5.0,
         }
     }
 }
@@ -91,6 +98,8 @@ pub struct S3Store {
     /// GETs without the SDK's orchestrator ([`super::get`]); `None` for
     /// endpoints whose rules need what only the SDK does.
     direct: Option<std::sync::Arc<DirectGet>>,
+    /// `s3.max_attempts`, for the listing check's own retries.
+    max_attempts: u32,
 }
 
 impl S3Store {
@@ -195,6 +204,7 @@ impl S3Store {
                 .build(),
             max_attempts: config.max_attempts,
             attempt_timeout: Duration::from_secs_f64(config.attempt_timeout_secs),
+            stall_timeout: Duration::from_secs_f64(config.stall_timeout_secs),
         })
         .await;
         if direct.is_none() {
@@ -209,6 +219,7 @@ impl S3Store {
             url_listing: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
             pool: BufferPool::none(),
             direct: direct.map(std::sync::Arc::new),
+            max_attempts: config.max_attempts.max(1),
         })
     }
 
@@ -352,6 +363,23 @@ pub(super) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     parts.join(": ")
 }
 
+/// Why a ListObjectsV2 answer is not whole, if it is not: no IsTruncated
+/// (S3 always sends it), or a KeyCount other than its entries.
+fn incomplete_listing(
+    out: &aws_sdk_s3::operation::list_objects_v2::ListObjectsV2Output,
+) -> Option<String> {
+    if out.is_truncated().is_none() {
+        return Some("the answer has no IsTruncated".into());
+    }
+    let entries = out.contents().len() + out.common_prefixes().len();
+    match out.key_count() {
+        Some(n) if n >= 0 && n as usize != entries => Some(format!(
+            "the answer says KeyCount {n} and holds {entries} entries"
+        )),
+        _ => None,
+    }
+}
+
 /// Decodes a name of a ListObjectsV2 answer given with `encoding-type=url`:
 /// `%XX` escapes, and `+` for a space (Amazon S3 writes a space as `+` and a
 /// `+` as `%2B`; botocore decodes the same way, with `unquote_plus`). `None`
@@ -398,36 +426,53 @@ impl ObjectStore for S3Store {
                 .set_encoding_type(url.then_some(EncodingType::Url))
                 .send()
         };
-        let start = Instant::now();
-        let url = self.url_listing.load(Relaxed);
-        let mut res = request(url).await;
-        if url
-            && let Err(SdkError::ServiceError(se)) = &res
-            && matches!(se.raw().status().as_u16(), 400 | 501)
-        {
-            // A server that does not know encoding-type: list without it, and
-            // keep doing so if that works.
-            let plain = request(false).await;
-            if plain.is_ok() {
-                self.url_listing.store(false, Relaxed);
-                tracing::warn!(
-                    "the S3 server refused encoding-type=url in ListObjectsV2 ({}); listing \
+        let mut attempt = 0;
+        let out = loop {
+            attempt += 1;
+            let start = Instant::now();
+            let url = self.url_listing.load(Relaxed);
+            let mut res = request(url).await;
+            if url
+                && let Err(SdkError::ServiceError(se)) = &res
+                && matches!(se.raw().status().as_u16(), 400 | 501)
+            {
+                // A server that does not know encoding-type: list without it, and
+                // keep doing so if that works.
+                let plain = request(false).await;
+                if plain.is_ok() {
+                    self.url_listing.store(false, Relaxed);
+                    tracing::warn!(
+                        "the S3 server refused encoding-type=url in ListObjectsV2 ({}); listing \
                      without it: keys with control characters will fail their listing page",
-                    se.raw().status().as_u16()
-                );
+                        se.raw().status().as_u16()
+                    );
+                }
+                res = plain;
             }
-            res = plain;
-        }
-        let out = match res {
-            Ok(out) => {
+            let out = match res {
+                Ok(out) => out,
+                Err(e) => {
+                    let (err, status) = map_sdk_error(e);
+                    m::s3_request(m::OP_LIST, &status, start.elapsed());
+                    return Err(err);
+                }
+            };
+            // The SDK's XML reader takes a body cut short but well-formed so
+            // far (a chunked answer that ends early) as a shorter listing: its
+            // entries would be missing, as ENOENT. KeyCount and IsTruncated
+            // (both sent by S3 before the entries) tell.
+            let Some(why) = incomplete_listing(&out) else {
                 m::s3_request(m::OP_LIST, "200", start.elapsed());
-                out
+                break out;
+            };
+            if attempt >= self.max_attempts {
+                m::s3_request(m::OP_LIST, "incomplete", start.elapsed());
+                return Err(StoreError::Transient(format!(
+                    "ListObjectsV2 of {prefix:?}: {why}"
+                )));
             }
-            Err(e) => {
-                let (err, status) = map_sdk_error(e);
-                m::s3_request(m::OP_LIST, &status, start.elapsed());
-                return Err(err);
-            }
+            m::s3_retry(m::OP_LIST, "incomplete");
+            tokio::time::sleep(get::backoff(attempt)).await;
         };
         // Decode only when the server says it encoded: one that ignores the
         // request sends raw keys, where a `%` or `+` is part of the name.

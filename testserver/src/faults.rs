@@ -40,7 +40,10 @@ pub enum Fault {
     StallMidBody,
     /// The response is held back [`FaultPlan::slow`] before it starts.
     SlowFirstByte,
-    /// The Range header is dropped upstream: 200 with the whole object.
+    /// A 206 that covers the whole object comes back as a plain 200 without
+    /// Content-Range, as from a server that ignores Range. (The request
+    /// itself goes up unchanged: dropping its Range header would break its
+    /// SigV4 signature. A 206 of part of an object is left alone.)
     WholeObject,
     /// Content-Range names a first byte one past the asked one.
     WrongContentRange,
@@ -280,9 +283,6 @@ async fn handle(
     }
     let (mut parts, body) = req.into_parts();
     let asked_range = parts.headers.contains_key(hyper::header::RANGE);
-    if fault_kind == Some(Fault::WholeObject) {
-        parts.headers.remove(hyper::header::RANGE);
-    }
     let path = parts
         .uri
         .path_and_query()
@@ -308,6 +308,18 @@ async fn handle(
     let out: Body = match fault {
         Some((Fault::SlowFirstByte, _, slow)) => {
             tokio::time::sleep(slow).await;
+            full(body)
+        }
+        Some((Fault::WholeObject, _, _)) if ok && asked_range => {
+            let whole = parts
+                .headers
+                .get(hyper::header::CONTENT_RANGE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(covers_whole);
+            if whole {
+                parts.status = hyper::StatusCode::OK;
+                parts.headers.remove(hyper::header::CONTENT_RANGE);
+            }
             full(body)
         }
         Some((Fault::WrongContentRange, _, _)) if ok && asked_range => {
@@ -362,6 +374,24 @@ where
     BodyExt::boxed(StreamBody::new(first.chain(rest)))
 }
 
+/// Whether `bytes A-B/N` is the whole object (A = 0, B = N - 1).
+fn covers_whole(v: &str) -> bool {
+    let Some((range, total)) = v
+        .trim()
+        .strip_prefix("bytes ")
+        .and_then(|s| s.split_once('/'))
+    else {
+        return false;
+    };
+    let total: Option<u64> = total.trim().parse().ok();
+    match (range.split_once('-'), total) {
+        (Some((a, b)), Some(n)) => {
+            a.trim() == "0" && b.trim().parse::<u64>().ok() == n.checked_sub(1)
+        }
+        _ => false,
+    }
+}
+
 /// `bytes A-B/N` with A and B one higher (a range that starts one byte late).
 fn shift_content_range(v: &str) -> Option<String> {
     let spec = v.trim().strip_prefix("bytes ")?;
@@ -385,7 +415,15 @@ fn xml_error(status: u16, code: &str) -> hyper::Response<Body> {
 
 #[cfg(test)]
 mod tests {
-    use super::shift_content_range;
+    use super::{covers_whole, shift_content_range};
+
+    #[test]
+    fn whole_object_ranges_are_recognised() {
+        assert!(covers_whole("bytes 0-999/1000"));
+        assert!(!covers_whole("bytes 0-998/1000"));
+        assert!(!covers_whole("bytes 1-999/1000"));
+        assert!(!covers_whole("bytes 0-0/*"));
+    }
 
     #[test]
     fn content_range_shifts_by_one_byte() {
