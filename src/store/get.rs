@@ -10,7 +10,8 @@
 //! and its SigV4 signer. What it does itself:
 //!
 //! * **Retries**: up to `s3.max_attempts` attempts, with the SDK standard
-//!   strategy's backoff (full jitter over 1 s doubling, at most 20 s) and
+//!   strategy's backoff (full jitter over 1 s doubling, at most 20 s; a
+//!   broken connection or body is retried at once the first time) and
 //!   its transient statuses (500, 502, 503, 504), plus 429, throttling and
 //!   timeout error codes, and connection and timeout faults. Unlike the SDK
 //!   there is no retry quota shared by all requests: a throttling storm
@@ -225,7 +226,17 @@ impl DirectGet {
                 break Err(failure);
             }
             m::s3_retry(m::OP_GET, &failure.status);
-            tokio::time::sleep(backoff(attempt)).await;
+            // A broken connection or body is tried again at once, the first
+            // time: the server answered, the path to it failed. An answer
+            // of the server itself (5xx, throttling) waits its backoff.
+            let answered = failure
+                .status
+                .as_bytes()
+                .first()
+                .is_some_and(u8::is_ascii_digit);
+            if answered || attempt > 1 {
+                tokio::time::sleep(backoff(attempt)).await;
+            }
         };
         match outcome {
             Ok(status) => {
@@ -291,7 +302,11 @@ impl DirectGet {
                 return Err(poison(Failure {
                     error: StoreError::Transient(format!("GET {url}: {what}")),
                     status: label.into(),
-                    retry: e.is_io() || e.is_timeout(),
+                    // Any fault of the connection, not only I/O and timeouts:
+                    // a GET is idempotent, and hyper reports a pooled
+                    // connection the server closed as we sent ("connection
+                    // closed before message completed") as neither.
+                    retry: !e.is_user(),
                 }));
             }
         };
