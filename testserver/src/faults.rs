@@ -129,6 +129,15 @@ impl FaultProxy {
     /// Starts a proxy on `127.0.0.1` (random port) to `upstream`, on a
     /// runtime of its own (a background thread).
     pub fn start(upstream: SocketAddr, plan: FaultPlan) -> std::io::Result<FaultProxy> {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), upstream, plan)
+    }
+
+    /// Like [`FaultProxy::start`], listening on `listen` (e.g. a fixed port).
+    pub fn start_on(
+        listen: SocketAddr,
+        upstream: SocketAddr,
+        plan: FaultPlan,
+    ) -> std::io::Result<FaultProxy> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("lakemount-faultproxy")
@@ -146,7 +155,7 @@ impl FaultProxy {
             requests: AtomicU64::new(0),
             injected: Mutex::new(Vec::new()),
         });
-        let listener = rt.block_on(TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))))?;
+        let listener = rt.block_on(TcpListener::bind(listen))?;
         let addr = listener.local_addr()?;
         let (stop, rx) = watch::channel(false);
         let s = shared.clone();
