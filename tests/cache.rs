@@ -845,6 +845,21 @@ fn drop_page_cache(path: &Path) {
     assert_eq!(r, 0, "posix_fadvise");
 }
 
+/// Keys of the stale-if-error tests: a 1 s metadata TTL, two attempts per
+/// request, and no small-object read-ahead (it would fetch the file that is
+/// meant to stay uncached).
+const STALE_TEST_KEYS: &str =
+    "\n[metadata]\nttl_secs = 1.0\n[s3]\nmax_attempts = 2\n[read]\nsmall_max_size = 0\n";
+
+/// Reading `rel` fails with EIO, within 15 s (its attempts and backoff).
+fn assert_eio_soon(m: &Mount, rel: &str) {
+    let t = Instant::now();
+    let err = std::fs::read(m.p(rel)).map(|d| d.len()).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{rel}: {err}");
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(15), "{rel}: EIO took {took:?}");
+}
+
 /// Stale-if-error: while S3 answers every request with 503, files whose
 /// bytes are in the data cache keep opening and reading past the metadata
 /// TTL; a file that is not cached fails with EIO (not ENOENT); once S3
@@ -863,12 +878,7 @@ fn cached_files_keep_reading_while_s3_fails() {
     }
     let dir = TempDir::new("cache-stalefail");
     let cache = dir.0.join("c");
-    let m = mount_cached(
-        &srv,
-        &b,
-        &cache,
-        "\n[metadata]\nttl_secs = 1.0\n[s3]\nmax_attempts = 2\n[read]\nsmall_max_size = 0\n",
-    );
+    let m = mount_cached(&srv, &b, &cache, STALE_TEST_KEYS);
     assert!(read(&m, "d/big") == files[0].1);
     assert!(read(&m, "d/small") == files[1].1);
     wait_blocks(&cache, 2);
@@ -880,16 +890,7 @@ fn cached_files_keep_reading_while_s3_fails() {
         drop_page_cache(&m.p(k));
         assert!(read(&m, k) == *d, "{k} while S3 fails");
     }
-    let t = Instant::now();
-    let err = std::fs::read(m.p("d/uncached"))
-        .map(|d| d.len())
-        .unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
-    assert!(
-        t.elapsed() < Duration::from_secs(15),
-        "EIO took {:?}",
-        t.elapsed()
-    );
+    assert_eio_soon(&m, "d/uncached");
     assert!(m.log().contains("serving the last listings"), "{}", m.log());
     for op in ["ListObjectsV2", "GetObject", "HeadObject"] {
         srv.fail_next(op, 0, 0);
@@ -904,8 +905,7 @@ fn cached_files_keep_reading_while_s3_fails() {
 }
 
 /// The same with the server gone (connections refused): cached files keep
-/// reading, an uncached one is EIO within a few seconds. (Small-object
-/// read-ahead is off in both: it would have fetched the uncached file.)
+/// reading, an uncached one is EIO within a few seconds.
 #[test]
 fn cached_files_keep_reading_after_s3_stops() {
     let srv = private_server();
@@ -914,26 +914,12 @@ fn cached_files_keep_reading_after_s3_stops() {
     srv.put(&b, "d/uncached", data(300_000, 72));
     let dir = TempDir::new("cache-stalestop");
     let cache = dir.0.join("c");
-    let m = mount_cached(
-        &srv,
-        &b,
-        &cache,
-        "\n[metadata]\nttl_secs = 1.0\n[s3]\nmax_attempts = 2\n[read]\nsmall_max_size = 0\n",
-    );
+    let m = mount_cached(&srv, &b, &cache, STALE_TEST_KEYS);
     assert!(read(&m, "d/big") == data(300_000, 71));
     wait_blocks(&cache, 1);
     srv.shutdown();
     std::thread::sleep(Duration::from_millis(1500));
     drop_page_cache(&m.p("d/big"));
     assert!(read(&m, "d/big") == data(300_000, 71));
-    let t = Instant::now();
-    let err = std::fs::read(m.p("d/uncached"))
-        .map(|d| d.len())
-        .unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
-    assert!(
-        t.elapsed() < Duration::from_secs(15),
-        "EIO took {:?}",
-        t.elapsed()
-    );
+    assert_eio_soon(&m, "d/uncached");
 }
