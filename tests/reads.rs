@@ -571,6 +571,42 @@ fn a_body_broken_on_every_attempt_is_eio() {
     assert!(std::fs::read(m.p("e/f")).unwrap() == data(200_000, 41));
 }
 
+/// 503 SlowDown on the first 3 requests of every key (GETs of each object,
+/// LISTs of each directory): every lookup, open and read still succeeds
+/// with the right bytes (5 attempts by default).
+#[test]
+fn three_503s_on_every_key_still_read_every_file() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "slowdown3");
+    let files: Vec<(String, Vec<u8>)> = (0..16)
+        .map(|i| {
+            (
+                format!("d{}/f{i:02}", i % 2),
+                data(20_000 + i * 999, 80 + i as u64),
+            )
+        })
+        .collect();
+    for (k, d) in &files {
+        srv.put(&b, k, d.clone());
+    }
+    let m = MountSpec::new(&b).server(&srv).mount();
+    srv.fail_first_per_key(503, 3);
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (m, files) = (&m, &files);
+            s.spawn(move || {
+                for (k, d) in files.iter().skip(t).step_by(8) {
+                    match std::fs::read(m.p(k)) {
+                        Ok(got) => assert!(got == *d, "{k}: wrong bytes"),
+                        Err(e) => panic!("{k}: {e}\n{}", m.log()),
+                    }
+                }
+            });
+        }
+    });
+    srv.fail_first_per_key(0, 0);
+}
+
 #[test]
 fn get_failing_past_retries_is_eio_not_enoent() {
     let srv = private_server();

@@ -35,6 +35,16 @@ pub struct Hooks {
     body_bytes: std::sync::atomic::AtomicU64,
     /// (key, Range header) of every GetObject since the last reset.
     get_ranges: Mutex<Vec<(String, Option<String>)>>,
+    per_key: Mutex<Option<PerKey>>,
+}
+
+/// `fail_first_per_key`: the status, how many requests of each key fail,
+/// and how many each key has had so far.
+#[derive(Debug)]
+struct PerKey {
+    status: u16,
+    times: u32,
+    seen: HashMap<String, u32>,
 }
 
 /// A GetObject body fault: `times` bodies of keys starting with `key_prefix`
@@ -113,6 +123,25 @@ impl Hooks {
         } else {
             f.insert(op.to_owned(), (status, times));
         }
+    }
+
+    /// From now on the first `times` requests of every key (of any
+    /// operation; a listing's key is its prefix) fail with `status`.
+    /// `times == 0` turns it off.
+    pub fn fail_first_per_key(&self, status: u16, times: u32) {
+        *lock(&self.per_key) = (times > 0).then(|| PerKey {
+            status,
+            times,
+            seen: HashMap::new(),
+        });
+    }
+
+    fn take_key_failure(&self, key: &str) -> Option<u16> {
+        let mut p = lock(&self.per_key);
+        let p = p.as_mut()?;
+        let n = p.seen.entry(key.to_owned()).or_insert(0);
+        *n += 1;
+        (*n <= p.times).then_some(p.status)
     }
 
     /// Requests of `op` whose key starts with `key_prefix` sleep `delay` first.
@@ -239,6 +268,9 @@ impl S3Access for HookAccess {
             tokio::time::sleep(d).await;
         }
         if let Some(status) = self.hooks.take_failure(&op) {
+            return Err(injected_error(status));
+        }
+        if let Some(status) = self.hooks.take_key_failure(&request_key(cx)) {
             return Err(injected_error(status));
         }
         match cx.credentials() {

@@ -362,6 +362,13 @@ impl TestServer {
         self.inner.hooks.get_ranges()
     }
 
+    /// From now on the first `times` requests of every key fail with HTTP
+    /// `status` (as [`Self::fail_next`]), whatever the operation; a
+    /// listing's key is its `prefix` parameter. `times == 0` turns it off.
+    pub fn fail_first_per_key(&self, status: u16, times: u32) {
+        self.inner.hooks.fail_first_per_key(status, times);
+    }
+
     /// Requests of `op` on keys starting with `key_prefix` sleep `delay` (without
     /// blocking other requests) before being answered. For bucket-level operations
     /// such as `ListObjectsV2` the key is the request's `prefix` parameter ("" if
