@@ -364,7 +364,10 @@ pub(super) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Why a ListObjectsV2 answer is not whole, if it is not: no IsTruncated
-/// (S3 always sends it), or a KeyCount other than its entries.
+/// (AWS, MinIO, Garage, Ceph RGW and SeaweedFS always send it), a KeyCount
+/// above its entries (a cut can only lose entries; older Ceph RGW counts
+/// objects only, below the entries), or IsTruncated without the token to go
+/// on with.
 fn incomplete_listing(
     out: &aws_sdk_s3::operation::list_objects_v2::ListObjectsV2Output,
 ) -> Option<String> {
@@ -372,12 +375,18 @@ fn incomplete_listing(
         return Some("the answer has no IsTruncated".into());
     }
     let entries = out.contents().len() + out.common_prefixes().len();
-    match out.key_count() {
-        Some(n) if n >= 0 && n as usize != entries => Some(format!(
+    if let Some(n) = out.key_count()
+        && n > 0
+        && n as usize > entries
+    {
+        return Some(format!(
             "the answer says KeyCount {n} and holds {entries} entries"
-        )),
-        _ => None,
+        ));
     }
+    if out.is_truncated() == Some(true) && out.next_continuation_token().is_none() {
+        return Some("the answer says IsTruncated without NextContinuationToken".into());
+    }
+    None
 }
 
 /// Decodes a name of a ListObjectsV2 answer given with `encoding-type=url`:
@@ -459,8 +468,8 @@ impl ObjectStore for S3Store {
             };
             // The SDK's XML reader takes a body cut short but well-formed so
             // far (a chunked answer that ends early) as a shorter listing: its
-            // entries would be missing, as ENOENT. KeyCount and IsTruncated
-            // (both sent by S3 before the entries) tell.
+            // entries would be missing, as ENOENT. KeyCount (sent by S3 and
+            // Garage before the entries) and IsTruncated tell.
             let Some(why) = incomplete_listing(&out) else {
                 m::s3_request(m::OP_LIST, "200", start.elapsed());
                 break out;
@@ -509,11 +518,6 @@ impl ObjectStore for S3Store {
             .collect();
         let truncated = out.is_truncated().unwrap_or(false);
         let next_token = out.next_continuation_token().map(str::to_string);
-        if truncated && next_token.is_none() {
-            return Err(StoreError::Other(
-                "ListObjectsV2 answered IsTruncated without NextContinuationToken".into(),
-            ));
-        }
         Ok(ListPage {
             objects,
             common_prefixes,
