@@ -891,6 +891,9 @@ fn cached_files_keep_reading_while_s3_fails() {
         assert!(read(&m, k) == *d, "{k} while S3 fails");
     }
     assert_eio_soon(&m, "d/uncached");
+    // A name the stale listing lacks is not reported missing: S3 may have it.
+    let err = std::fs::metadata(m.p("d/never-listed")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
     assert!(m.log().contains("serving the last listings"), "{}", m.log());
     for op in ["ListObjectsV2", "GetObject", "HeadObject"] {
         srv.fail_next(op, 0, 0);

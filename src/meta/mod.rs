@@ -134,6 +134,9 @@ pub struct DirListing {
     pub entries: Vec<ListedEntry>,
     /// When the listing was fetched.
     pub fetched: std::time::Instant,
+    /// Set once it is served past its TTL because listing again failed
+    /// (stale-if-error): it no longer shows that a name is missing.
+    pub served_stale: std::sync::atomic::AtomicBool,
 }
 
 impl DirListing {
@@ -141,6 +144,7 @@ impl DirListing {
         Self {
             entries,
             fetched: std::time::Instant::now(),
+            served_stale: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -265,7 +269,7 @@ impl<S: ObjectStore> Meta<S> {
                 Ok(Some(listing))
             }
             Err(e) => match &*e {
-                Some(store_error) => match self.stale_listing(prefix, store_error) {
+                Some(store_error) => match self.stale_listing(prefix, store_error).await {
                     Some(stale) => Ok(Some(stale)),
                     None => Err(store_error.clone()),
                 },
@@ -299,7 +303,7 @@ impl<S: ObjectStore> Meta<S> {
     /// The last good listing of `prefix` when listing it failed with a
     /// server or network fault (`err`) and it is at most the TTL plus
     /// [`MetaConfig::stale_if_error`] old; warns once per outage.
-    fn stale_listing(&self, prefix: &str, err: &StoreError) -> Option<Listing> {
+    async fn stale_listing(&self, prefix: &str, err: &StoreError) -> Option<Listing> {
         if !matches!(err, StoreError::Transient(_) | StoreError::Throttled(_)) {
             return None;
         }
@@ -307,6 +311,11 @@ impl<S: ObjectStore> Meta<S> {
         if old.fetched.elapsed() > self.config.ttl() + self.config.stale_if_error() {
             return None;
         }
+        old.served_stale
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        // Served for the next TTL without asking again: one failing refresh
+        // per directory per TTL, not one per lookup.
+        self.listings.insert(prefix.to_string(), old.clone()).await;
         metrics::counter!(m::META_STALE_LISTINGS).increment(1);
         if !self.outage.swap(true, std::sync::atomic::Ordering::Relaxed) {
             warn!(
@@ -340,6 +349,17 @@ impl<S: ObjectStore> Meta<S> {
                     .binary_search_by(|e| e.name.as_bytes().cmp(name.as_bytes()))
                     .ok()
                     .map(|i| entries[i].clone());
+                // A stale listing (served while S3 fails) shows what was
+                // there, not that a name is missing now: no ENOENT from it.
+                let stale = listing
+                    .served_stale
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                if found.is_none() && stale {
+                    return Err(StoreError::Transient(format!(
+                        "{name:?} is not in the last listing of {prefix:?}, and S3 cannot be \
+                         asked now"
+                    )));
+                }
                 (found, listing.fetched)
             }
             None => {

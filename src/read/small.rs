@@ -479,6 +479,7 @@ mod tests {
         Arc::new(DirListing {
             entries,
             fetched: Instant::now(),
+            served_stale: Default::default(),
         })
     }
 
@@ -616,6 +617,7 @@ mod tests {
         let relisted = Arc::new(DirListing {
             entries: listing.entries.clone(),
             fetched: Instant::now(),
+            served_stale: Default::default(),
         });
         p.missed("d/k001", "d/", relisted.clone(), None).await;
         settle(&p).await;
