@@ -112,15 +112,19 @@ fn check_mountpoint(path: &Path) -> anyhow::Result<Option<String>> {
     Ok(detached)
 }
 
-/// The file system type of the mount whose mount point is `abs`
-/// (`/proc/self/mountinfo`, proc(5): field 5 is the mount point, the type
-/// follows " - "), `None` when nothing is mounted there.
-fn mount_at(abs: &Path) -> Option<String> {
+/// The file system type and source of the top mount whose mount point is
+/// `abs` (`/proc/self/mountinfo`, proc(5): field 5 is the mount point, type
+/// and source follow " - "; a later line is mounted over an earlier one),
+/// `None` when nothing is mounted there.
+fn mount_at(abs: &Path) -> Option<(String, String)> {
     let want = abs.to_string_lossy();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    mounts.lines().find_map(|l| {
+    mounts.lines().rev().find_map(|l| {
         (l.split(' ').nth(4) == Some(want.as_ref()))
-            .then(|| Some(l.split(" - ").nth(1)?.split(' ').next()?.to_string()))
+            .then(|| {
+                let mut tail = l.split(" - ").nth(1)?.split(' ');
+                Some((tail.next()?.to_string(), tail.next()?.to_string()))
+            })
             .flatten()
     })
 }
@@ -146,8 +150,18 @@ fn statfs(path: &Path) -> std::io::Result<()> {
 fn detach_dead_fuse_mount(path: &Path, err: &std::io::Error) -> anyhow::Result<String> {
     let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     let want = abs.to_string_lossy();
-    let Some(fstype) = mount_at(&abs).filter(|t| t == "fuse" || t.starts_with("fuse.")) else {
-        bail!("mount point {}: {err}", path.display());
+    // Only a lakemount (a FUSE type whose source is lakemount's FSName,
+    // "lakemount:..."): another FUSE file system, mergerfs over a dead
+    // branch say, can pass ENOTCONN on while it lives.
+    let Some((fstype, _)) = mount_at(&abs).filter(|(t, src)| {
+        (t == "fuse" || t.starts_with("fuse.")) && src.starts_with("lakemount:")
+    }) else {
+        bail!(
+            "mount point {}: {err}; if a FUSE daemon died there, unmount it first \
+             (umount -l {})",
+            path.display(),
+            abs.display()
+        );
     };
     let c = std::ffi::CString::new(want.as_bytes())
         .with_context(|| format!("mount point {}", path.display()))?;
