@@ -77,6 +77,9 @@ const KEY: &AsciiSet = &NON_ALPHANUMERIC
 /// First retry delay before jitter; doubles per attempt (the SDK standard
 /// retry strategy's initial backoff).
 const BACKOFF_BASE: Duration = Duration::from_secs(1);
+/// Longest delay before the quick first retry of a broken connection or
+/// body (full jitter under it).
+const QUICK_RETRY_MAX: Duration = Duration::from_millis(50);
 /// Longest retry delay before jitter (the standard strategy's maximum).
 const BACKOFF_MAX: Duration = Duration::from_secs(20);
 /// How long credentials without an expiry time are reused (the SDK's
@@ -234,9 +237,14 @@ impl DirectGet {
                 .as_bytes()
                 .first()
                 .is_some_and(u8::is_ascii_digit);
-            if answered || attempt > 1 {
-                tokio::time::sleep(backoff(attempt)).await;
-            }
+            let delay = if answered || attempt > 1 {
+                backoff(attempt)
+            } else {
+                // Jittered, so that many GETs broken at once do not all
+                // come back in the same instant.
+                QUICK_RETRY_MAX.mul_f64(fastrand::f64())
+            };
+            tokio::time::sleep(delay).await;
         };
         match outcome {
             Ok(status) => {
