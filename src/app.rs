@@ -120,13 +120,38 @@ fn mount_at(abs: &Path) -> Option<(String, String)> {
     let want = abs.to_string_lossy();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     mounts.lines().rev().find_map(|l| {
-        (l.split(' ').nth(4) == Some(want.as_ref()))
+        (l.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(want.as_ref()))
             .then(|| {
                 let mut tail = l.split(" - ").nth(1)?.split(' ');
                 Some((tail.next()?.to_string(), tail.next()?.to_string()))
             })
             .flatten()
     })
+}
+
+/// A mountinfo field with its octal escapes decoded: the kernel writes a
+/// space, tab, newline and backslash as `\040`, `\011`, `\012`, `\134`
+/// (`show_mountinfo`, fs/proc_namespace.c).
+fn unescape_mountinfo(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) if b[i] == b'\\' => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            _ => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// statfs(2) of `path`: a FUSE mount sends it to its daemon, so a dead one
@@ -526,5 +551,18 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = int.recv() => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unescape_mountinfo;
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape_mountinfo(r"/mnt/ai\040data"), "/mnt/ai data");
+        assert_eq!(unescape_mountinfo(r"/a\134b\011c"), "/a\\b\tc");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+        assert_eq!(unescape_mountinfo(r"/odd\9"), r"/odd\9");
     }
 }
