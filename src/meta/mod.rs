@@ -430,9 +430,11 @@ impl<S: ObjectStore> Meta<S> {
                 self.huge.insert(p, ());
                 continue;
             }
-            self.listings
-                .insert(p, Arc::new(DirListing::new(entries)))
-                .await;
+            let listing = Arc::new(DirListing::new(entries));
+            if !self.config.stale_if_error().is_zero() {
+                self.last_good.insert(p.clone(), listing.clone());
+            }
+            self.listings.insert(p, listing).await;
         }
         Ok(stats)
     }
