@@ -502,17 +502,32 @@ pub(super) fn backoff(attempt: u32) -> Duration {
 }
 
 /// Why a body could not be read to its end.
-enum BodyError {
+pub(super) enum BodyError {
     /// No byte for this long.
     Stalled(Duration),
     /// The connection or the body failed; the error chain.
     Failed(String),
 }
 
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::Stalled(d) => write!(f, "no byte of the body for {d:?}"),
+            BodyError::Failed(e) => f.write_str(e),
+        }
+    }
+}
+
 /// Appends the body's bytes to `buf`, the first `skip` dropped, until it
 /// holds `target` bytes or the body ends. Errors: the body's, or a stall of
 /// `stall` with no bytes.
-async fn read_into(
+///
+/// Each chunk the HTTP client hands over is copied and dropped at once, so a
+/// part costs its own size in memory while it downloads. Collecting the
+/// chunks first and joining them afterwards held every chunk plus the joined
+/// copy, and fragmented the heap (200 handles read at once: RSS ~500 MiB
+/// above the read-ahead budget, docs/OPERATIONS.md).
+pub(super) async fn read_into(
     buf: &mut Vec<u8>,
     mut body: ByteStream,
     mut skip: u64,
@@ -650,7 +665,6 @@ impl CredentialsCache {
         if let Some(id) = self.fresh() {
             return Ok(id);
         }
-        use aws_credential_types::provider::error::CredentialsError as C;
         let loaded = tokio::time::timeout(self.timeout, self.provider.provide_credentials()).await;
         let creds = match loaded {
             Ok(Ok(c)) => c,
@@ -661,23 +675,12 @@ impl CredentialsCache {
                 ));
             }
             Ok(Err(e)) => {
-                let chain = crate::store::s3::error_chain(&e);
-                return Err(match e {
-                    C::CredentialsNotLoaded(_) => {
-                        Failure::fatal(StoreError::NoCredentials(chain), "credentials")
-                    }
-                    C::ProviderTimedOut(_) => Failure::retry(
-                        StoreError::Transient(format!(
-                            "loading AWS credentials timed out: {chain}"
-                        )),
-                        "credentials",
-                    ),
-                    _ => Failure::fatal(
-                        StoreError::AccessDenied(format!(
-                            "loading AWS credentials failed: {chain}"
-                        )),
-                        "credentials",
-                    ),
+                let error = super::s3::credentials_failure(&e, super::s3::error_chain(&e));
+                let retry = matches!(error, StoreError::Transient(_));
+                return Err(Failure {
+                    error,
+                    status: "credentials".into(),
+                    retry,
                 });
             }
         };

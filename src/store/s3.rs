@@ -100,6 +100,8 @@ pub struct S3Store {
     direct: Option<std::sync::Arc<DirectGet>>,
     /// `s3.max_attempts`, for the listing check's own retries.
     max_attempts: u32,
+    /// `s3.stall_timeout_secs`, for GET bodies read through the SDK.
+    stall: Duration,
 }
 
 impl S3Store {
@@ -220,6 +222,7 @@ impl S3Store {
             pool: BufferPool::none(),
             direct: direct.map(std::sync::Arc::new),
             max_attempts: config.max_attempts.max(1),
+            stall: Duration::from_secs_f64(config.stall_timeout_secs),
         })
     }
 
@@ -302,20 +305,10 @@ where
             StoreError::Transient(format!("timeout: {}", error_chain(&err))),
             "timeout".into(),
         ),
-        SdkError::DispatchFailure(_) if credentials_error(&err).is_some() => {
-            use aws_credential_types::provider::error::CredentialsError as C;
-            let chain = error_chain(&err);
-            let mapped = match credentials_error(&err) {
-                // No source of the chain had any: the admin must give some.
-                Some(C::CredentialsNotLoaded(_)) => StoreError::NoCredentials(chain),
-                Some(C::ProviderTimedOut(_)) => {
-                    StoreError::Transient(format!("loading AWS credentials timed out: {chain}"))
-                }
-                // An expired SSO session, a refused AssumeRole, a bad profile.
-                _ => StoreError::AccessDenied(format!("loading AWS credentials failed: {chain}")),
-            };
-            (mapped, "credentials".into())
-        }
+        SdkError::DispatchFailure(_) if let Some(c) = credentials_error(&err) => (
+            credentials_failure(c, error_chain(&err)),
+            "credentials".into(),
+        ),
         SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             (StoreError::Transient(error_chain(&err)), "network".into())
         }
@@ -323,6 +316,24 @@ where
             StoreError::Other(format!("{}", DisplayErrorContext(&err))),
             "error".into(),
         ),
+    }
+}
+
+/// The [`StoreError`] of a failure to load credentials (`chain`: its text):
+/// none from any source is NoCredentials (the admin must give some), a
+/// timeout Transient, anything else (an expired SSO session, a refused
+/// AssumeRole, a bad profile) AccessDenied.
+pub(super) fn credentials_failure(
+    e: &aws_credential_types::provider::error::CredentialsError,
+    chain: String,
+) -> StoreError {
+    use aws_credential_types::provider::error::CredentialsError as C;
+    match e {
+        C::CredentialsNotLoaded(_) => StoreError::NoCredentials(chain),
+        C::ProviderTimedOut(_) => {
+            StoreError::Transient(format!("loading AWS credentials timed out: {chain}"))
+        }
+        _ => StoreError::AccessDenied(format!("loading AWS credentials failed: {chain}")),
     }
 }
 
@@ -605,13 +616,12 @@ impl ObjectStore for S3Store {
             return bad_range(format!("{l} bytes"));
         }
         let skip = if ranged { 0 } else { range.start };
-        let body = match read_body(&self.pool, out.body, skip, want).await {
-            Ok(b) => b,
-            Err(e) => {
-                m::s3_request(m::OP_GET, "network", start.elapsed());
-                return Err(StoreError::Transient(format!("reading GET body: {e}")));
-            }
-        };
+        let mut buf = self.pool.take(want);
+        if let Err(e) = get::read_into(&mut buf, out.body, skip, want, self.stall).await {
+            m::s3_request(m::OP_GET, "network", start.elapsed());
+            return Err(StoreError::Transient(format!("reading GET body: {e}")));
+        }
+        let body = self.pool.freeze(buf);
         m::s3_request(
             m::OP_GET,
             if ranged { "206" } else { "200" },
@@ -636,40 +646,6 @@ impl ObjectStore for S3Store {
 pub(super) fn content_range_start(value: &str) -> Option<u64> {
     let spec = value.trim().strip_prefix("bytes")?.trim_start();
     spec.split_once('-')?.0.trim().parse().ok()
-}
-
-/// Reads a GET body into one buffer of exactly `want` bytes (from `pool`),
-/// dropping the first `skip` bytes and stopping once `want` bytes are in.
-/// Returns fewer when the body ends early.
-///
-/// Each chunk the HTTP client hands over is copied and dropped at once, so a
-/// part costs its own size in memory while it downloads. Collecting the chunks
-/// first and joining them afterwards (`ByteStream::collect` + `into_bytes`)
-/// held every chunk plus the joined copy: twice the part at its end, and
-/// hundreds of chunk-sized allocations mixed with part-sized ones, which
-/// fragmented the heap (200 handles read at once: RSS ~500 MiB above the
-/// read-ahead budget, docs/OPERATIONS.md).
-async fn read_body(
-    pool: &BufferPool,
-    mut body: aws_sdk_s3::primitives::ByteStream,
-    mut skip: u64,
-    want: usize,
-) -> Result<Bytes, aws_smithy_types::byte_stream::error::Error> {
-    let mut buf = pool.take(want);
-    while buf.len() < want {
-        let Some(chunk) = body.try_next().await? else {
-            break;
-        };
-        let mut c = &chunk[..];
-        if skip > 0 {
-            let n = skip.min(c.len() as u64) as usize;
-            c = &c[n..];
-            skip -= n as u64;
-        }
-        let n = c.len().min(want - buf.len());
-        buf.extend_from_slice(&c[..n]);
-    }
-    Ok(pool.freeze(buf))
 }
 
 #[cfg(test)]
