@@ -116,6 +116,7 @@ struct Shared {
     client: Client<HttpConnector, Incoming>,
     requests: AtomicU64,
     injected: Mutex<Vec<(Fault, u64)>>,
+    started: std::time::Instant,
 }
 
 /// A running proxy. Stops when dropped (or on [`FaultProxy::shutdown`]).
@@ -154,6 +155,7 @@ impl FaultProxy {
             client,
             requests: AtomicU64::new(0),
             injected: Mutex::new(Vec::new()),
+            started: std::time::Instant::now(),
         });
         let listener = rt.block_on(TcpListener::bind(listen))?;
         let addr = listener.local_addr()?;
@@ -262,6 +264,13 @@ impl Shared {
     }
 }
 
+/// Whether each injected fault is written to stderr (seconds since start,
+/// kind, method, URI, Range): `LAKEMOUNT_FAULTPROXY_TRACE` set.
+fn trace() -> bool {
+    static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var_os("LAKEMOUNT_FAULTPROXY_TRACE").is_some())
+}
+
 /// The error a handler returns to make hyper drop the connection unanswered.
 #[derive(Debug)]
 struct Dropped;
@@ -284,6 +293,22 @@ async fn handle(
         shared.count(f);
     }
     let fault_kind = fault.map(|(f, _, _)| f);
+    if let Some(f) = fault_kind
+        && trace()
+    {
+        let range = req
+            .headers()
+            .get(hyper::header::RANGE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-");
+        eprintln!(
+            "{:.3} {} {} {} {range}",
+            shared.started.elapsed().as_secs_f64(),
+            f.name(),
+            req.method(),
+            req.uri()
+        );
+    }
     match fault_kind {
         Some(Fault::Status500) => return Ok(xml_error(500, "InternalError")),
         Some(Fault::Status503) => return Ok(xml_error(503, "SlowDown")),

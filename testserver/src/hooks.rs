@@ -38,13 +38,22 @@ pub struct Hooks {
     per_key: Mutex<Option<PerKey>>,
 }
 
-/// `fail_first_per_key`: the status, how many requests of each key fail,
-/// and how many each key has had so far.
+/// `fail_first_per_key` / `hold_first_per_key`: what the first requests
+/// of each key get, how many of them, and how many each key has had.
 #[derive(Debug)]
 struct PerKey {
-    status: u16,
+    fault: KeyFault,
     times: u32,
     seen: HashMap<String, u32>,
+}
+
+/// What one of the first requests of a key gets.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum KeyFault {
+    /// An error with this HTTP status.
+    Status(u16),
+    /// Its answer, this much later.
+    Hold(Duration),
 }
 
 /// A GetObject body fault: `times` bodies of keys starting with `key_prefix`
@@ -129,19 +138,29 @@ impl Hooks {
     /// operation; a listing's key is its prefix) fail with `status`.
     /// `times == 0` turns it off.
     pub fn fail_first_per_key(&self, status: u16, times: u32) {
+        self.first_per_key(KeyFault::Status(status), times);
+    }
+
+    /// The first `times` requests of each key are answered `delay` late
+    /// (without blocking other requests); 0 times: none from now on.
+    pub fn hold_first_per_key(&self, delay: Duration, times: u32) {
+        self.first_per_key(KeyFault::Hold(delay), times);
+    }
+
+    fn first_per_key(&self, fault: KeyFault, times: u32) {
         *lock(&self.per_key) = (times > 0).then(|| PerKey {
-            status,
+            fault,
             times,
             seen: HashMap::new(),
         });
     }
 
-    fn take_key_failure(&self, key: &str) -> Option<u16> {
+    fn take_key_fault(&self, key: &str) -> Option<KeyFault> {
         let mut p = lock(&self.per_key);
         let p = p.as_mut()?;
         let n = p.seen.entry(key.to_owned()).or_insert(0);
         *n += 1;
-        (*n <= p.times).then_some(p.status)
+        (*n <= p.times).then_some(p.fault)
     }
 
     /// Requests of `op` whose key starts with `key_prefix` sleep `delay` first.
@@ -270,8 +289,10 @@ impl S3Access for HookAccess {
         if let Some(status) = self.hooks.take_failure(&op) {
             return Err(injected_error(status));
         }
-        if let Some(status) = self.hooks.take_key_failure(&request_key(cx)) {
-            return Err(injected_error(status));
+        match self.hooks.take_key_fault(&request_key(cx)) {
+            Some(KeyFault::Status(status)) => return Err(injected_error(status)),
+            Some(KeyFault::Hold(d)) => tokio::time::sleep(d).await,
+            None => {}
         }
         match cx.credentials() {
             Some(_) => Ok(()),

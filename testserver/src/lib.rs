@@ -369,6 +369,13 @@ impl TestServer {
         self.inner.hooks.fail_first_per_key(status, times);
     }
 
+    /// The first `times` requests of each key are answered `delay` late,
+    /// as by a server that holds a request (other requests go on); 0
+    /// times: none from now on. Replaces [`Self::fail_first_per_key`].
+    pub fn hold_first_per_key(&self, delay: Duration, times: u32) {
+        self.inner.hooks.hold_first_per_key(delay, times);
+    }
+
     /// Requests of `op` on keys starting with `key_prefix` sleep `delay` (without
     /// blocking other requests) before being answered. For bucket-level operations
     /// such as `ListObjectsV2` the key is the request's `prefix` parameter ("" if
