@@ -325,6 +325,12 @@ impl Config {
             MIN_TIMEOUT_SECS,
             MAX_TIMEOUT_SECS,
         )?;
+        seconds(
+            "s3.request_deadline_secs",
+            s.request_deadline_secs,
+            MIN_TIMEOUT_SECS,
+            MAX_TIMEOUT_SECS,
+        )?;
         if let Some(url) = &s.endpoint_url
             && !(url.starts_with("http://") || url.starts_with("https://"))
         {
@@ -449,6 +455,7 @@ mod tests {
             ("s3", "connect_timeout_secs"),
             ("s3", "attempt_timeout_secs"),
             ("s3", "stall_timeout_secs"),
+            ("s3", "request_deadline_secs"),
         ];
         for (section, key) in keys {
             for v in ["inf", "nan", "-1.0", "1e20"] {

@@ -697,3 +697,138 @@ fn missing_object_is_enoent_not_eio() {
     assert_errno(f.read_to_end(&mut buf), libc::ESTALE, "read deleted");
     assert!(buf.is_empty());
 }
+
+/// Reads every file of `files` through `m` with 4 threads; the names of
+/// those that failed or differ.
+fn read_all_4(m: &Mount, files: &[(String, Vec<u8>)]) -> Vec<String> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut bad = Vec::new();
+                    for (k, d) in files.iter().skip(t).step_by(4) {
+                        match std::fs::read(m.p(k)) {
+                            Ok(got) if got == *d => {}
+                            Ok(_) => bad.push(format!("{k}: wrong bytes")),
+                            Err(e) => bad.push(format!("{k}: {e}")),
+                        }
+                    }
+                    bad
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    })
+}
+
+/// GETs the server holds (their answers 30 s late, with a 60 s attempt
+/// timeout) are answered by their hedges once the mount knows the server's
+/// latencies: byte-exact, in a fraction of the hold, and counted.
+#[test]
+fn gets_the_server_holds_are_answered_by_their_hedges() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "hedge");
+    let warm: Vec<(String, Vec<u8>)> = (0..200)
+        .map(|i| (format!("warm/f{i:03}"), data(3_000 + i, i as u64)))
+        .collect();
+    let held: Vec<(String, Vec<u8>)> = (0..12)
+        .map(|i| {
+            (
+                format!("held/f{i:02}"),
+                data(40_000 + i * 77, 500 + i as u64),
+            )
+        })
+        .collect();
+    for (k, d) in warm.iter().chain(&held) {
+        srv.put(&b, k, d.clone());
+    }
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .config(&format!(
+            "[s3]\nattempt_timeout_secs = 60.0\n[read]\nsmall_max_in_flight = 4\n\
+             [telemetry]\nmetrics_addr = \"{addr}\"\n"
+        ))
+        .mount();
+    // Latencies to hedge by; the listing of held/ before its keys are held.
+    // Few GETs at once: a burst that queues at the server is hedged too, and
+    // would spend the hedge budget (20 at once, then 1 per 10 GETs) here.
+    assert!(read_all_4(&m, &warm).is_empty());
+    assert_eq!(names(&m.p("held")).len(), held.len());
+    srv.hold_first_per_key(Duration::from_secs(30), 1);
+    let t = Instant::now();
+    let bad = read_all_4(&m, &held);
+    let took = t.elapsed();
+    srv.hold_first_per_key(Duration::ZERO, 0);
+    assert!(bad.is_empty(), "{bad:?}\n{}", m.log());
+    assert!(
+        took < Duration::from_secs(15),
+        "held GETs were waited out: {took:?}\n{}",
+        m.log()
+    );
+    let won = metric(
+        &scrape(&addr),
+        "lakemount_s3_hedges_total{op=\"GET\",won=\"hedge\"}",
+    );
+    assert!(won >= held.len() as f64, "{won} hedges won");
+}
+
+/// A body that stops part way (the stall timeout set to 60 s) is continued
+/// by a hedged GET of its rest, pinned to its ETag, long before the stall
+/// timeout: the file reads back exactly, and the hedge asked for the bytes
+/// after the break only.
+#[test]
+fn a_body_that_stops_is_continued_by_a_hedge_before_the_stall_timeout() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "hedgebody");
+    let warm: Vec<(String, Vec<u8>)> = (0..200)
+        .map(|i| (format!("warm/f{i:03}"), data(3_000 + i, i as u64)))
+        .collect();
+    for (k, d) in &warm {
+        srv.put(&b, k, d.clone());
+    }
+    srv.put(&b, "stop/big", data(2 << 20, 77));
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .config(&format!(
+            "[s3]\nstall_timeout_secs = 60.0\n[read]\nsmall_max_in_flight = 4\n\
+             [telemetry]\nmetrics_addr = \"{addr}\"\n"
+        ))
+        .mount();
+    assert!(read_all_4(&m, &warm).is_empty());
+    assert_eq!(names(&m.p("stop")), ["big"]);
+    srv.reset_counts();
+    srv.break_bodies("stop/big", 100_000, true, 1);
+    let t = Instant::now();
+    let got = std::fs::read(m.p("stop/big")).unwrap();
+    let took = t.elapsed();
+    assert!(got == data(2 << 20, 77), "bytes differ");
+    assert!(
+        took < Duration::from_secs(20),
+        "the stalled body was waited out: {took:?}\n{}\n{}",
+        scrape(&addr)
+            .lines()
+            .filter(|l| l.contains("hedge"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        m.log()
+    );
+    let ranges = srv.get_ranges();
+    let stopped = ranges
+        .iter()
+        .filter_map(|(_, r)| r.as_deref()?.strip_prefix("bytes="))
+        .find(|r| r.starts_with("0-"))
+        .expect("a GET from byte 0")
+        .to_string();
+    let end = stopped.rsplit('-').next().unwrap();
+    assert!(
+        ranges
+            .iter()
+            .any(|(_, r)| r.as_deref() == Some(&format!("bytes=100000-{end}"))),
+        "no GET of the rest after byte 100000: {ranges:?}"
+    );
+}

@@ -9,14 +9,19 @@
 //! credentials chain, its endpoint rules (evaluated once per mount, at start)
 //! and its SigV4 signer. What it does itself:
 //!
-//! * **Retries**: up to `s3.max_attempts` attempts, with the SDK standard
-//!   strategy's backoff (full jitter over 1 s doubling, at most 20 s; a
-//!   broken connection or body is retried at once the first time) and
-//!   its transient statuses (500, 502, 503, 504), plus 429, throttling and
-//!   timeout error codes, and connection and timeout faults. Unlike the SDK
-//!   there is no retry quota shared by all requests: a throttling storm
-//!   slows each request down (backoff) instead of leaving every later 503
-//!   one attempt. The connection of a failed attempt is not reused.
+//! * **Retries**: up to `s3.max_attempts` attempts within
+//!   `s3.request_deadline_secs`, with full-jitter backoff doubling from
+//!   100 ms after a fault of the server or the path to it (500, 502, 504,
+//!   a broken connection or body) and from 500 ms after throttling (503,
+//!   429, throttling codes), at most 20 s (the AWS SDK for JavaScript's
+//!   retry delays). Unlike the SDK there is no retry
+//!   quota shared by all requests: a throttling storm slows each request
+//!   down (backoff) instead of leaving every later 503 one attempt. The
+//!   connection of a failed attempt is not reused.
+//! * **Hedging**: a GET whose headers are late by the recent 95th
+//!   percentile is sent a second time ([`super::hedge`]); the first sound
+//!   answer is read. A body that pauses as long gets a GET of its rest the
+//!   same way, pinned to its ETag.
 //! * **Clock skew**: the server's `Date` header corrects the signing time,
 //!   as the SDK's clock-skew interceptor does; `RequestTimeTooSkewed` is
 //!   retried with the corrected time.
@@ -25,9 +30,9 @@
 //!   ETag (`If-Match`), so the bytes kept and the bytes added are of one
 //!   version. That counts as one more attempt. An object listed without an
 //!   ETag cannot be pinned: its GET starts over instead.
-//! * **Stalls**: no byte of the body for `s3.stall_timeout_secs` (5 s) fails
-//!   the attempt, and the next one resumes the body at once (the SDK's
-//!   stalled-stream protection has the same purpose and grace period).
+//! * **Stalls**: no byte of the body for `s3.stall_timeout_secs` (1 s) fails
+//!   the attempt, and the next one resumes the body (the SDK's
+//!   stalled-stream protection has the same purpose, with 5 s).
 //! * **Credentials**: reused until a minute before they expire (wall-clock
 //!   time, so a suspended host does not keep expired ones); credentials
 //!   without an expiry for 15 minutes (the SDK identity cache's default). An
@@ -60,6 +65,7 @@ use bytes::Bytes;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 
 use super::StoreError;
+use super::hedge::Hedge;
 use super::pool::BufferPool;
 use crate::telemetry::metrics as m;
 
@@ -74,12 +80,16 @@ const KEY: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'~')
     .remove(b'/');
 
-/// First retry delay before jitter; doubles per attempt (the SDK standard
-/// retry strategy's initial backoff).
-const BACKOFF_BASE: Duration = Duration::from_secs(1);
-/// Longest delay before the quick first retry of a broken connection or
-/// body (full jitter under it).
-const QUICK_RETRY_MAX: Duration = Duration::from_millis(50);
+/// First retry delay before jitter after a fault of the server or the path
+/// to it (5xx, a broken connection or body); doubles per attempt. The AWS
+/// SDK for JavaScript v3's retry delay base (`DEFAULT_RETRY_DELAY_BASE`,
+/// @aws-sdk/middleware-retry): such faults are of one request, not of
+/// load, and a reader waits on them.
+pub(super) const BACKOFF_BASE: Duration = Duration::from_millis(100);
+/// First retry delay before jitter after throttling; doubles per attempt
+/// (the same SDK's `THROTTLING_RETRY_DELAY_BASE`): the server asked for
+/// fewer requests.
+const THROTTLE_BACKOFF_BASE: Duration = Duration::from_millis(500);
 /// Longest retry delay before jitter (the standard strategy's maximum).
 const BACKOFF_MAX: Duration = Duration::from_secs(20);
 /// How long credentials without an expiry time are reused (the SDK's
@@ -109,6 +119,11 @@ pub(super) struct Setup<'a> {
     pub attempt_timeout: Duration,
     /// Longest pause of a body before the attempt is given up and resumed.
     pub stall_timeout: Duration,
+    /// Hedged GETs ([`super::hedge`]).
+    pub hedge: bool,
+    /// No attempt is started, and none waits for headers, past this long
+    /// after the first one began.
+    pub deadline: Duration,
 }
 
 /// Ranged, ETag-pinned GETs of one bucket. Cheap to share behind an `Arc`.
@@ -125,6 +140,8 @@ pub(super) struct DirectGet {
     max_attempts: u32,
     attempt_timeout: Duration,
     stall_timeout: Duration,
+    hedge: Option<Hedge>,
+    deadline: Duration,
 }
 
 impl std::fmt::Debug for DirectGet {
@@ -190,6 +207,8 @@ impl DirectGet {
             max_attempts: s.max_attempts.max(1),
             attempt_timeout: s.attempt_timeout,
             stall_timeout: s.stall_timeout,
+            hedge: s.hedge.then(|| Hedge::new(m::OP_GET)),
+            deadline: s.deadline,
         })
     }
 
@@ -221,29 +240,22 @@ impl DirectGet {
                 buf.clear();
             }
             let from = range.start + buf.len() as u64;
-            let failure = match self.attempt(&url, from..range.end, etag, &mut buf).await {
+            let deadline = start + self.deadline;
+            let failure = match self
+                .attempt(&url, from..range.end, etag, &mut buf, deadline)
+                .await
+            {
                 Ok(status) => break Ok(status),
                 Err(f) => f,
             };
             if !failure.retry || attempt >= self.max_attempts {
                 break Err(failure);
             }
+            let delay = backoff(attempt, failure.throttled());
+            if Instant::now() + delay >= deadline {
+                break Err(failure);
+            }
             m::s3_retry(m::OP_GET, &failure.status);
-            // A broken connection or body is tried again at once, the first
-            // time: the server answered, the path to it failed. An answer
-            // of the server itself (5xx, throttling) waits its backoff.
-            let answered = failure
-                .status
-                .as_bytes()
-                .first()
-                .is_some_and(u8::is_ascii_digit);
-            let delay = if answered || attempt > 1 {
-                backoff(attempt)
-            } else {
-                // Jittered, so that many GETs broken at once do not all
-                // come back in the same instant.
-                QUICK_RETRY_MAX.mul_f64(fastrand::f64())
-            };
             tokio::time::sleep(delay).await;
         };
         match outcome {
@@ -261,14 +273,140 @@ impl DirectGet {
 
     /// One attempt: GET `range` of `url` and append its bytes to `buf` until
     /// it holds the whole range. The status label for the metrics on
-    /// success (`206`, or `200` from a server that ignored Range).
+    /// success (`206`, or `200` from a server that ignored Range). Headers
+    /// not in by `deadline` fail it, not retried; a body that is arriving
+    /// is not cut by it.
     async fn attempt(
         &self,
         url: &str,
         range: Range<u64>,
         etag: &str,
         buf: &mut Vec<u8>,
+        deadline: Instant,
     ) -> Result<&'static str, Failure> {
+        let want = (range.end - range.start) as usize;
+        let sent = tokio::time::timeout_at(deadline.into(), self.hedged_send(url, &range, etag));
+        let answer = match sent.await {
+            Ok(a) => a?,
+            Err(_) => {
+                return Err(Failure::fatal(
+                    StoreError::Transient(format!(
+                        "GET {url}: no answer within s3.request_deadline_secs ({:?})",
+                        self.deadline
+                    )),
+                    "deadline",
+                ));
+            }
+        };
+        let target = buf.len() + want;
+        let mut answer = answer;
+        let read = self
+            .read_body(url, range.end, etag, &mut answer, buf, target)
+            .await;
+        let poison = |f: Failure| {
+            if let Some(c) = answer.connection.get() {
+                c.poison();
+            }
+            f
+        };
+        match read {
+            Ok(()) if buf.len() == target => Ok(answer.label),
+            Ok(()) => Err(poison(Failure::retry(
+                StoreError::Transient(format!(
+                    "GET {url}: the body ended {} bytes short",
+                    target - buf.len()
+                )),
+                "short_body",
+            ))),
+            Err(BodyError::Stalled(d)) => Err(poison(Failure::retry(
+                StoreError::Transient(format!("GET {url}: no byte of the body for {d:?}")),
+                "stall",
+            ))),
+            Err(BodyError::Failed(e)) => Err(poison(Failure::retry(
+                StoreError::Transient(format!("reading GET body of {url}: {e}")),
+                "network",
+            ))),
+        }
+    }
+
+    /// Appends the body of `answer` to `buf` until it holds `target` bytes
+    /// (the last of them byte `end - 1` of the object) or the body ends, as
+    /// [`read_into`] does. A body that pauses for the hedge delay is hedged
+    /// when it can be pinned to `etag`: a GET of the rest is sent, and if
+    /// its headers come before the paused body's next byte, its body is
+    /// read instead (`answer` becomes it; the paused connection is closed).
+    async fn read_body(
+        &self,
+        url: &str,
+        end: u64,
+        etag: &str,
+        answer: &mut Answer,
+        buf: &mut Vec<u8>,
+        target: usize,
+    ) -> Result<(), BodyError> {
+        let hedge = self.hedge.as_ref().filter(|_| !etag.is_empty());
+        let stall = self.stall_timeout;
+        while buf.len() < target {
+            let gap = hedge.map_or(stall, |h| h.delay().min(stall));
+            let next = match tokio::time::timeout(gap, answer.body.try_next()).await {
+                Ok(n) => n,
+                Err(_) if gap >= stall => return Err(BodyError::Stalled(stall)),
+                Err(_) => {
+                    let left = stall.saturating_sub(gap);
+                    let hedged = hedge.filter(|h| h.try_spend());
+                    if hedged.is_none() {
+                        tokio::time::timeout(left, answer.body.try_next())
+                            .await
+                            .map_err(|_| BodyError::Stalled(stall))?
+                    } else {
+                        let rest = end - (target - buf.len()) as u64..end;
+                        let resume = self.send(url, &rest, etag);
+                        // A failed resume disables its branch: the paused
+                        // body may still go on, until the stall timeout.
+                        tokio::select! {
+                            n = tokio::time::timeout(left, answer.body.try_next()) => {
+                                let n = n.map_err(|_| BodyError::Stalled(stall))?;
+                                m::s3_hedge(m::OP_GET, m::HEDGE_FIRST_WON);
+                                n
+                            }
+                            Ok(new) = resume => {
+                                m::s3_hedge(m::OP_GET, m::HEDGE_WON);
+                                if let Some(c) = answer.connection.get() {
+                                    c.poison();
+                                }
+                                *answer = new;
+                                continue;
+                            }
+                        }
+                    }
+                }
+            };
+            let chunk = match next {
+                Ok(Some(c)) => c,
+                Ok(None) => break,
+                Err(e) => return Err(BodyError::Failed(crate::store::s3::error_chain(&e))),
+            };
+            append(buf, &chunk, &mut answer.skip, target);
+        }
+        Ok(())
+    }
+
+    /// [`Self::send`], hedged ([`Hedge::run`]) when hedging is on.
+    async fn hedged_send(
+        &self,
+        url: &str,
+        range: &Range<u64>,
+        etag: &str,
+    ) -> Result<Answer, Failure> {
+        match &self.hedge {
+            Some(hedge) => hedge.run(|| self.send(url, range, etag)).await,
+            None => self.send(url, range, etag).await,
+        }
+    }
+
+    /// Sends a GET of `range` of `url` and checks its answer's headers; the
+    /// body is left to read. A failed answer's connection is poisoned.
+    async fn send(&self, url: &str, range: &Range<u64>, etag: &str) -> Result<Answer, Failure> {
         // No Host header: the signer and hyper both take it from the URL
         // (without a default port).
         let mut req = http::Request::get(url)
@@ -344,14 +482,16 @@ impl DirectGet {
         let want = (range.end - range.start) as usize;
         let length = header("content-length").and_then(|v| v.trim().parse::<u64>().ok());
         // Retried: a proxy or a server node can send a wrong range once.
-        let bad_range = |what: String| Failure {
-            error: StoreError::Transient(format!(
-                "GET {url} bytes {}-{}: the server sent {what}",
-                range.start,
-                range.end - 1
-            )),
-            status: "bad_range".into(),
-            retry: true,
+        let bad_range = |what: String| {
+            poison(Failure {
+                error: StoreError::Transient(format!(
+                    "GET {url} bytes {}-{}: the server sent {what}",
+                    range.start,
+                    range.end - 1
+                )),
+                status: "bad_range".into(),
+                retry: true,
+            })
         };
         // 206 names the range it sends in Content-Range; a 206 without the
         // header is taken as the range when its length is the range's. A
@@ -368,27 +508,12 @@ impl DirectGet {
         if let Some(l) = length.filter(|&l| if ranged { l != expect } else { l < expect }) {
             return Err(bad_range(format!("{l} bytes")));
         }
-        let skip = if ranged { 0 } else { range.start };
-        let body = ByteStream::new(resp.into_body());
-        let target = buf.len() + want;
-        match read_into(buf, body, skip, target, self.stall_timeout).await {
-            Ok(()) if buf.len() == target => Ok(if ranged { "206" } else { "200" }),
-            Ok(()) => Err(poison(Failure::retry(
-                StoreError::Transient(format!(
-                    "GET {url}: the body ended {} bytes short",
-                    target - buf.len()
-                )),
-                "short_body",
-            ))),
-            Err(BodyError::Stalled(d)) => Err(poison(Failure::retry(
-                StoreError::Transient(format!("GET {url}: no byte of the body for {d:?}")),
-                "stall",
-            ))),
-            Err(BodyError::Failed(e)) => Err(poison(Failure::retry(
-                StoreError::Transient(format!("reading GET body of {url}: {e}")),
-                "network",
-            ))),
-        }
+        Ok(Answer {
+            label: if ranged { "206" } else { "200" },
+            skip: if ranged { 0 } else { range.start },
+            body: ByteStream::new(resp.into_body()),
+            connection,
+        })
     }
 
     /// Keeps the offset of the server's clock from a `Date` header (RFC 9110
@@ -455,6 +580,18 @@ impl DirectGet {
     }
 }
 
+/// A 2xx answer whose headers passed the checks, its body not read yet.
+struct Answer {
+    /// Status label for the metrics: `206`, or `200` from a server that
+    /// ignored Range.
+    label: &'static str,
+    /// Bytes of the body before the range (a `200` of the whole object).
+    skip: u64,
+    body: ByteStream,
+    /// The connection, to poison when the body fails.
+    connection: CaptureSmithyConnection,
+}
+
 /// A failed attempt: the error if it is the last, its metrics label, and
 /// whether another attempt may succeed.
 struct Failure {
@@ -479,6 +616,12 @@ impl Failure {
             retry: true,
         }
     }
+
+    /// The server asked for fewer requests (503 SlowDown, 429, a
+    /// throttling code).
+    fn throttled(&self) -> bool {
+        matches!(self.error, StoreError::Throttled(_))
+    }
 }
 
 /// Whether two ETags name the same version: equal once a weak prefix
@@ -493,9 +636,15 @@ fn same_etag(a: &str, b: &str) -> bool {
 }
 
 /// Delay before attempt `attempt + 1`: full jitter over
-/// `min(BACKOFF_MAX, BACKOFF_BASE * 2^(attempt - 1))`.
-pub(super) fn backoff(attempt: u32) -> Duration {
-    let cap = BACKOFF_BASE
+/// `min(BACKOFF_MAX, base * 2^(attempt - 1))`, the base
+/// [`THROTTLE_BACKOFF_BASE`] after throttling, else [`BACKOFF_BASE`].
+pub(super) fn backoff(attempt: u32, throttled: bool) -> Duration {
+    let base = if throttled {
+        THROTTLE_BACKOFF_BASE
+    } else {
+        BACKOFF_BASE
+    };
+    let cap = base
         .saturating_mul(1 << (attempt - 1).min(16))
         .min(BACKOFF_MAX);
     cap.mul_f64(fastrand::f64())
@@ -541,16 +690,19 @@ pub(super) async fn read_into(
             Ok(Err(e)) => return Err(BodyError::Failed(crate::store::s3::error_chain(&e))),
             Err(_) => return Err(BodyError::Stalled(stall)),
         };
-        let mut c = &chunk[..];
-        if skip > 0 {
-            let n = skip.min(c.len() as u64) as usize;
-            c = &c[n..];
-            skip -= n as u64;
-        }
-        let n = c.len().min(target - buf.len());
-        buf.extend_from_slice(&c[..n]);
+        append(buf, &chunk, &mut skip, target);
     }
     Ok(())
+}
+
+/// Appends `chunk` to `buf`, its first `skip` bytes dropped (and counted
+/// off `skip`), up to `target` bytes in `buf`.
+fn append(buf: &mut Vec<u8>, chunk: &[u8], skip: &mut u64, target: usize) {
+    let n = (*skip).min(chunk.len() as u64) as usize;
+    *skip -= n as u64;
+    let c = &chunk[n..];
+    let n = c.len().min(target - buf.len());
+    buf.extend_from_slice(&c[..n]);
 }
 
 /// The [`Failure`] of a non-2xx answer, from its status and the `<Code>`
@@ -696,7 +848,7 @@ impl CredentialsCache {
 
 #[cfg(test)]
 mod tests {
-    use super::{BACKOFF_MAX, KEY, backoff};
+    use super::{BACKOFF_BASE, BACKOFF_MAX, KEY, THROTTLE_BACKOFF_BASE, backoff};
 
     #[test]
     fn keys_are_encoded_as_s3_signs_them() {
@@ -719,9 +871,11 @@ mod tests {
     #[test]
     fn backoff_doubles_up_to_its_cap() {
         for attempt in 1..40 {
-            let d = backoff(attempt);
-            assert!(d <= BACKOFF_MAX, "attempt {attempt}: {d:?}");
-            assert!(d <= super::BACKOFF_BASE * (1 << (attempt - 1).min(16)));
+            for (throttled, base) in [(false, BACKOFF_BASE), (true, THROTTLE_BACKOFF_BASE)] {
+                let d = backoff(attempt, throttled);
+                assert!(d <= BACKOFF_MAX, "attempt {attempt}: {d:?}");
+                assert!(d <= base * (1 << (attempt - 1).min(16)));
+            }
         }
     }
 }

@@ -7,6 +7,7 @@
 //! (the mount prefix already applied).
 
 mod get;
+mod hedge;
 pub mod mem;
 pub mod pool;
 pub mod s3;

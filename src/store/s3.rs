@@ -62,10 +62,21 @@ pub struct S3Config {
     /// its response headers.
     pub attempt_timeout_secs: f64,
     /// A GET body that sends no byte for this long is given up and resumed
-    /// from its first missing byte with a new request, seconds. 5 s: the
-    /// grace period of the AWS SDK's stalled-stream protection; on a working
-    /// link a body never pauses that long.
+    /// from its first missing byte with a new request, seconds. 1 s: a TCP
+    /// connection that delivers pauses longer only after several lost
+    /// retransmissions in a row (Linux's minimum RTO is 200 ms, doubling),
+    /// and a resumed request costs one GET, while a reader waits out every
+    /// second of it.
     pub stall_timeout_secs: f64,
+    /// A GET without response headers after nearly every GET has them (the
+    /// 95th percentile of recent ones, 10 ms to 2 s) is sent a second time,
+    /// and the first answer taken; at most one GET in ten is
+    /// (`store/hedge.rs`). ListObjectsV2 requests the same way.
+    pub hedged_gets: bool,
+    /// Longest time a request and its retries may take before its error is
+    /// returned (EIO), seconds: no attempt starts, and none waits for
+    /// headers, past it. A GET body that is arriving is not cut by it.
+    pub request_deadline_secs: f64,
 }
 
 impl Default for S3Config {
@@ -80,7 +91,9 @@ impl Default for S3Config {
             max_attempts: 5,
             connect_timeout_secs: 5.0,
             attempt_timeout_secs: 30.0,
-            stall_timeout_secs: 5.0,
+            stall_timeout_secs: 1.0,
+            hedged_gets: true,
+            request_deadline_secs: 60.0,
         }
     }
 }
@@ -102,6 +115,8 @@ pub struct S3Store {
     max_attempts: u32,
     /// `s3.stall_timeout_secs`, for GET bodies read through the SDK.
     stall: Duration,
+    /// Hedged ListObjectsV2 requests; `None`: `s3.hedged_gets` off.
+    list_hedge: Option<std::sync::Arc<super::hedge::Hedge>>,
 }
 
 impl S3Store {
@@ -157,11 +172,22 @@ impl S3Store {
             None => tls::TlsContext::default(),
         };
         loader = loader
-            .retry_config(RetryConfig::standard().with_max_attempts(config.max_attempts.max(1)))
+            .retry_config(
+                RetryConfig::standard()
+                    .with_max_attempts(config.max_attempts.max(1))
+                    .with_initial_backoff(get::BACKOFF_BASE),
+            )
+            // A LIST or HEAD whose body stops is given up as a GET's is.
+            .stalled_stream_protection(
+                aws_sdk_s3::config::StalledStreamProtectionConfig::enabled()
+                    .grace_period(Duration::from_secs_f64(config.stall_timeout_secs))
+                    .build(),
+            )
             .timeout_config(
                 TimeoutConfig::builder()
                     .connect_timeout(Duration::from_secs_f64(config.connect_timeout_secs))
                     .operation_attempt_timeout(Duration::from_secs_f64(config.attempt_timeout_secs))
+                    .operation_timeout(Duration::from_secs_f64(config.request_deadline_secs))
                     .build(),
             );
         let sdk = loader.load().await;
@@ -207,6 +233,8 @@ impl S3Store {
             max_attempts: config.max_attempts,
             attempt_timeout: Duration::from_secs_f64(config.attempt_timeout_secs),
             stall_timeout: Duration::from_secs_f64(config.stall_timeout_secs),
+            hedge: config.hedged_gets,
+            deadline: Duration::from_secs_f64(config.request_deadline_secs),
         })
         .await;
         if direct.is_none() {
@@ -223,6 +251,9 @@ impl S3Store {
             direct: direct.map(std::sync::Arc::new),
             max_attempts: config.max_attempts.max(1),
             stall: Duration::from_secs_f64(config.stall_timeout_secs),
+            list_hedge: config
+                .hedged_gets
+                .then(|| std::sync::Arc::new(super::hedge::Hedge::new(m::OP_LIST))),
         })
     }
 
@@ -451,7 +482,10 @@ impl ObjectStore for S3Store {
             attempt += 1;
             let start = Instant::now();
             let url = self.url_listing.load(Relaxed);
-            let mut res = request(url).await;
+            let mut res = match &self.list_hedge {
+                Some(h) => h.run(|| request(url)).await,
+                None => request(url).await,
+            };
             if url
                 && let Err(SdkError::ServiceError(se)) = &res
                 && matches!(se.raw().status().as_u16(), 400 | 501)
@@ -492,7 +526,7 @@ impl ObjectStore for S3Store {
                 )));
             }
             m::s3_retry(m::OP_LIST, "incomplete");
-            tokio::time::sleep(get::backoff(attempt)).await;
+            tokio::time::sleep(get::backoff(attempt, false)).await;
         };
         // Decode only when the server says it encoded: one that ignores the
         // request sends raw keys, where a `%` or `+` is part of the name.

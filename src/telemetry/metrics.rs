@@ -19,6 +19,20 @@ pub const S3_REQUEST_SECONDS: &str = "lakemount_s3_request_duration_seconds";
 /// `timeout`, `stall`, `short_body`, `credentials`). A resumed GET body
 /// counts here too.
 pub const S3_RETRIES: &str = "lakemount_s3_retries_total";
+/// Counter: hedged requests (a second request sent when the first was late,
+/// `store/hedge.rs`), labels `op` (GET, LIST) and `won`: `hedge` when the second answered first,
+/// `first` when the first still did, `failed` when the second failed first.
+pub const S3_HEDGES: &str = "lakemount_s3_hedges_total";
+/// Gauge: the current hedge delay, seconds, label `op` (the 95th
+/// percentile of recent GETs' time to headers or LISTs' time, 10 ms to 2 s).
+pub const S3_HEDGE_DELAY: &str = "lakemount_s3_hedge_delay_seconds";
+/// [`S3_HEDGES`] label: the hedged request answered first.
+pub const HEDGE_WON: &str = "hedge";
+/// [`S3_HEDGES`] label: the first request answered first after all.
+pub const HEDGE_FIRST_WON: &str = "first";
+/// [`S3_HEDGES`] label: the hedged request failed while the first was
+/// still late; the attempt failed.
+pub const HEDGE_FAILED: &str = "failed";
 /// Counter: bytes received in GET bodies.
 pub const S3_GET_BYTES: &str = "lakemount_s3_get_bytes_total";
 /// Counter: bytes returned to FUSE read requests.
@@ -167,6 +181,8 @@ pub fn s3_request_summary() -> Vec<String> {
             [
                 S3_REQUESTS,
                 S3_RETRIES,
+                S3_HEDGES,
+                S3_HEDGE_DELAY,
                 S3_GET_BYTES,
                 CACHE_SKIPPED,
                 CACHE_BAD_PIECES,
@@ -188,6 +204,17 @@ pub fn s3_request(op: &'static str, status: &str, elapsed: Duration) {
 /// Records one failed attempt of an `op` request that is tried again.
 pub fn s3_retry(op: &'static str, cause: &str) {
     metrics::counter!(S3_RETRIES, "op" => op, "cause" => cause.to_string()).increment(1);
+}
+
+/// Records one hedged GET and which request won ([`HEDGE_WON`],
+/// [`HEDGE_FIRST_WON`]).
+pub fn s3_hedge(op: &'static str, won: &'static str) {
+    metrics::counter!(S3_HEDGES, "op" => op, "won" => won).increment(1);
+}
+
+/// Sets the hedge delay gauge.
+pub fn s3_hedge_delay(op: &'static str, delay: Duration) {
+    metrics::gauge!(S3_HEDGE_DELAY, "op" => op).set(delay.as_secs_f64());
 }
 
 /// Records GET body bytes.
