@@ -528,6 +528,13 @@ async fn probe(store: &S3Store, source: &Source, config: &Config) -> anyhow::Res
             source.bucket,
             source.prefix
         ),
+        Err(StoreError::Transient(m)) if m.starts_with("loading AWS credentials") => {
+            bail!(
+                "{m} (listing s3://{}/{} at {endpoint})",
+                source.bucket,
+                source.prefix
+            )
+        }
         Err(StoreError::Transient(m)) | Err(StoreError::Throttled(m)) => {
             bail!("cannot reach S3 endpoint {endpoint}: {m}")
         }

@@ -835,16 +835,6 @@ fn small_files_are_read_through_lakemount_not_passed_through() {
     );
 }
 
-/// Drops the page cache of the file at `path` (so its next read reaches
-/// lakemount).
-fn drop_page_cache(path: &Path) {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(path).unwrap();
-    // SAFETY: posix_fadvise(2) on an open descriptor.
-    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    assert_eq!(r, 0, "posix_fadvise");
-}
-
 /// Keys of the stale-if-error tests: a 1 s metadata TTL, two attempts per
 /// request, and no small-object read-ahead (it would fetch the file that is
 /// meant to stay uncached).

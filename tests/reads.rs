@@ -832,3 +832,84 @@ fn a_body_that_stops_is_continued_by_a_hedge_before_the_stall_timeout() {
         "no GET of the rest after byte 100000: {ranges:?}"
     );
 }
+
+/// Credentials from a `credential_process` that expire every few seconds,
+/// and whose process fails twice in a row on its second and third runs (a
+/// provider that is down for a moment), are refreshed while files are read:
+/// every read succeeds (a failed provider is retried, never EACCES), and the
+/// process ran again after the failures.
+#[test]
+fn expiring_credentials_are_refreshed_during_reads_without_a_failed_read() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "credproc");
+    let files: Vec<(String, Vec<u8>)> = (0..40)
+        .map(|i| {
+            (
+                format!("d{}/f{i:02}", i % 4),
+                data(30_000 + i * 13, 900 + i as u64),
+            )
+        })
+        .collect();
+    for (k, d) in &files {
+        srv.put(&b, k, d.clone());
+    }
+    let dir = TempDir::new("credproc");
+    let count = dir.0.join("runs");
+    let script = dir.0.join("creds.sh");
+    // Expiration 62 s out: lakemount refreshes a minute early, so every
+    // ~2 s; the AWS SDK's own cache (listings) after ~52 s.
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nn=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}\n\
+             case $n in 2|3) echo 'provider down' >&2; exit 1;; esac\n\
+             exp=$(date -u -d '+62 seconds' +%Y-%m-%dT%H:%M:%SZ)\n\
+             printf '{{\"Version\":1,\"AccessKeyId\":\"{ACCESS_KEY}\",\"SecretAccessKey\":\"{SECRET_KEY}\",\"Expiration\":\"%s\"}}' \"$exp\"\n",
+            c = count.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let profile = dir.0.join("aws-config");
+    std::fs::write(
+        &profile,
+        format!("[profile lm]\ncredential_process = {}\n", script.display()),
+    )
+    .unwrap();
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .unset_env("AWS_ACCESS_KEY_ID")
+        .unset_env("AWS_SECRET_ACCESS_KEY")
+        .env("AWS_CONFIG_FILE", profile.to_str().unwrap())
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+        .env("AWS_PROFILE", "lm")
+        .mount();
+    let t = Instant::now();
+    let mut rounds = 0;
+    while t.elapsed() < Duration::from_secs(8) {
+        for (k, _) in &files {
+            drop_page_cache(&m.p(k));
+        }
+        let bad = read_all_4(&m, &files);
+        assert!(bad.is_empty(), "round {rounds}: {bad:?}\n{}", m.log());
+        rounds += 1;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let runs: u32 = std::fs::read_to_string(&count)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Reads the kernel issued itself (read-ahead) are retried by it; the
+    // log shows every failed FUSE request.
+    let log = m.log();
+    assert!(
+        !log.contains("request failed"),
+        "a FUSE request failed:\n{log}"
+    );
+    assert!(
+        runs >= 5,
+        "credential_process ran {runs} times in {rounds} rounds"
+    );
+}

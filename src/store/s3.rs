@@ -352,8 +352,10 @@ where
 
 /// The [`StoreError`] of a failure to load credentials (`chain`: its text):
 /// none from any source is NoCredentials (the admin must give some), a
-/// timeout Transient, anything else (an expired SSO session, a refused
-/// AssumeRole, a bad profile) AccessDenied.
+/// misconfigured source (a bad profile) AccessDenied, a timeout or a failed
+/// provider (a credential_process that exited non-zero, an expired SSO
+/// session, a refused or unreachable AssumeRole) Transient: retried, then
+/// EIO.
 pub(super) fn credentials_failure(
     e: &aws_credential_types::provider::error::CredentialsError,
     chain: String,
@@ -364,7 +366,14 @@ pub(super) fn credentials_failure(
         C::ProviderTimedOut(_) => {
             StoreError::Transient(format!("loading AWS credentials timed out: {chain}"))
         }
-        _ => StoreError::AccessDenied(format!("loading AWS credentials failed: {chain}")),
+        // Credentials that are set up wrong do not load on a retry.
+        C::InvalidConfiguration(_) => {
+            StoreError::AccessDenied(format!("AWS credentials are misconfigured: {chain}"))
+        }
+        // A provider that failed this time (a credential_process that exited
+        // non-zero, STS or instance metadata unreachable or throttling) may
+        // work the next: retried, then EIO, not EACCES.
+        _ => StoreError::Transient(format!("loading AWS credentials failed: {chain}")),
     }
 }
 

@@ -106,6 +106,7 @@ pub struct MountSpec<'a> {
     config: Option<String>,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    unset: Vec<String>,
 }
 
 impl<'a> MountSpec<'a> {
@@ -118,6 +119,7 @@ impl<'a> MountSpec<'a> {
             config: None,
             args: Vec::new(),
             env: Vec::new(),
+            unset: Vec::new(),
         }
     }
 
@@ -130,6 +132,7 @@ impl<'a> MountSpec<'a> {
             config: self.config,
             args: self.args,
             env: self.env,
+            unset: self.unset,
         }
     }
 
@@ -157,6 +160,13 @@ impl<'a> MountSpec<'a> {
         self
     }
 
+    /// An environment variable the daemon does not get (e.g. the test
+    /// credentials, for another credentials source).
+    pub fn unset_env(mut self, key: &str) -> Self {
+        self.unset.push(key.to_string());
+        self
+    }
+
     /// Starts `lakemount mount` and waits until the mount is usable.
     /// Panics with the daemon's log when it does not come up in 20 s.
     pub fn mount(self) -> Mount {
@@ -173,6 +183,9 @@ impl<'a> MountSpec<'a> {
         }
         for (k, v) in &self.env {
             cmd.env(k, v);
+        }
+        for k in &self.unset {
+            cmd.env_remove(k);
         }
         let child = cmd
             .args(&self.args)
@@ -423,4 +436,14 @@ pub fn mmap_read(f: &std::fs::File, len: usize) -> Vec<u8> {
         assert_eq!(libc::munmap(p, len), 0);
         copy
     }
+}
+
+/// Drops the page cache of the file at `path` (so its next read reaches
+/// lakemount).
+pub fn drop_page_cache(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: posix_fadvise(2) on an open descriptor.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0, "posix_fadvise");
 }
