@@ -81,6 +81,10 @@ pub const PROTECT: Duration = Duration::from_secs(30);
 /// queued blocks mostly share their buffers with read-ahead parts still held;
 /// beyond that they cost memory only while the disk lags.
 const MAX_PENDING_BYTES: u64 = 1 << 30;
+/// Block files written at once, each by one blocking-pool thread: enough
+/// to keep an NVMe drive's queue busy with writes of a block each; more
+/// only hold threads (and two descriptors each) while the disk lags.
+const MAX_BLOCK_WRITERS: usize = 8;
 /// How often the file system's size and free space are re-read (statvfs).
 const STATVFS_INTERVAL: Duration = Duration::from_secs(1);
 /// Cache-device warnings and write-failure warnings: at most one per this.
@@ -138,6 +142,14 @@ pub struct DiskCache {
     index: Mutex<Index>,
     pending: Mutex<HashMap<PieceKey, Bytes>>,
     pending_bytes: AtomicU64,
+    /// Block writes waiting for a writer (at most [`MAX_BLOCK_WRITERS`]
+    /// run at once, each on a blocking-pool thread).
+    backlog: Mutex<std::collections::VecDeque<(PieceKey, u64, Bytes)>>,
+    /// Writers running now.
+    writers: std::sync::atomic::AtomicUsize,
+    /// Most writers that ran at once.
+    #[cfg(test)]
+    peak_writers: std::sync::atomic::AtomicUsize,
     latency: Mutex<Latency>,
     last_write_warn: Mutex<Option<Instant>>,
     /// The cache's file system frees a block's space by punching a hole
@@ -251,6 +263,10 @@ impl DiskCache {
             }),
             pending: Mutex::new(HashMap::new()),
             pending_bytes: AtomicU64::new(0),
+            backlog: Mutex::new(std::collections::VecDeque::new()),
+            writers: std::sync::atomic::AtomicUsize::new(0),
+            #[cfg(test)]
+            peak_writers: std::sync::atomic::AtomicUsize::new(0),
             latency: Mutex::new(Latency {
                 slow: 0.0,
                 fast: 0.0,
@@ -543,11 +559,43 @@ impl DiskCache {
             self.pack_queue.push(pk, size, data);
             return;
         }
+        self.backlog.lock().unwrap().push_back((pk, size, data));
+        self.start_writer();
+    }
+
+    /// Starts a block writer unless [`MAX_BLOCK_WRITERS`] run: it writes
+    /// the backlog's blocks one after the other until it is empty.
+    fn start_writer(self: &Arc<Self>) {
+        let running = self.writers.fetch_add(1, Ordering::AcqRel);
+        if running >= MAX_BLOCK_WRITERS {
+            self.writers.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        #[cfg(test)]
+        self.peak_writers.fetch_max(running + 1, Ordering::AcqRel);
         let me = self.clone();
         tokio::task::spawn_blocking(move || {
-            me.write(pk, size, &data);
-            me.pending.lock().unwrap().remove(&pk);
-            me.pending_bytes.fetch_sub(len, Ordering::Relaxed);
+            loop {
+                let job = me.backlog.lock().unwrap().pop_front();
+                let Some((pk, size, data)) = job else {
+                    me.writers.fetch_sub(1, Ordering::AcqRel);
+                    // A block queued between the pop and the decrement saw
+                    // this writer still counted and may have started none.
+                    if me.backlog.lock().unwrap().is_empty() {
+                        return;
+                    }
+                    if me.writers.fetch_add(1, Ordering::AcqRel) >= MAX_BLOCK_WRITERS {
+                        // The others that run will take it.
+                        me.writers.fetch_sub(1, Ordering::AcqRel);
+                        return;
+                    }
+                    continue;
+                };
+                me.write(pk, size, &data);
+                me.pending.lock().unwrap().remove(&pk);
+                me.pending_bytes
+                    .fetch_sub(data.len() as u64, Ordering::Relaxed);
+            }
         });
     }
 

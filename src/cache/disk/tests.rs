@@ -527,3 +527,32 @@ fn a_cache_smaller_than_a_pack_still_evicts_once_its_pack_is_closed() {
     assert!(c.total_bytes() <= 48 << 10);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Blocks admitted faster than the disk takes them are written by at most
+/// MAX_BLOCK_WRITERS threads at once, and every one of them is written.
+#[test]
+fn admitted_blocks_are_written_by_a_bounded_pool() {
+    let d = tmpdir("pool");
+    let c = reopen(&d, 1 << 30);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let n = 300;
+    let o = obj("pool");
+    rt.block_on(async {
+        for i in 0..n {
+            c.admit(pk(o, i), n * BS, Bytes::from(block(i)));
+        }
+    });
+    assert_eq!(c.flush(Duration::from_secs(30)), 0, "blocks still queued");
+    let peak = c.peak_writers.load(Ordering::Relaxed);
+    assert!(
+        (1..=MAX_BLOCK_WRITERS).contains(&peak),
+        "{peak} writers ran at once"
+    );
+    for i in 0..n {
+        let got = c.read(pk(o, i), n * BS, BS).expect("block cached");
+        assert!(got == block(i), "block {i} differs");
+    }
+}
