@@ -503,7 +503,7 @@ async fn probe(store: &S3Store, source: &Source, config: &Config) -> anyhow::Res
             bail!("bucket {:?} does not exist at {endpoint}", source.bucket)
         }
         // A 404 without S3's NoSuchBucket code: often not an S3 endpoint at all.
-        Err(StoreError::NotFound) => bail!(
+        Err(StoreError::ListNotFound(_)) => bail!(
             "{endpoint} answered 404 Not Found to ListObjectsV2 of bucket {:?}, without the S3 \
              error code NoSuchBucket: check that it is an S3 endpoint (--endpoint-url) and the \
              bucket name",

@@ -669,6 +669,13 @@ fn list_failing_past_retries_is_eio_not_enoent() {
         libc::EIO,
         "open l/a/f under 500",
     );
+    // A LIST can find nothing "not found": a 404 to it is a fault.
+    srv.fail_next("ListObjectsV2", 404, 100);
+    assert_errno(
+        std::fs::read(m.p("l/a/f")),
+        libc::EIO,
+        "open l/a/f under a LIST 404",
+    );
     srv.fail_next("ListObjectsV2", 0, 0);
     // Failures are not cached as "no such file".
     assert_eq!(std::fs::read(m.p("l/a/f")).unwrap(), b"f");

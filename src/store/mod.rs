@@ -58,6 +58,11 @@ pub enum StoreError {
     /// The bucket does not exist (404 NoSuchBucket).
     #[error("bucket does not exist")]
     NoSuchBucket,
+    /// A ListObjectsV2 answered 404 without S3's NoSuchBucket code: no
+    /// listing is "not found", so the endpoint is not an S3 server for this
+    /// bucket (a proxy, a web server) or it failed. EIO, never ENOENT.
+    #[error("ListObjectsV2 answered 404 without NoSuchBucket: {0}")]
+    ListNotFound(String),
     /// The object changed since the ETag the request was pinned to (412).
     #[error("object changed since it was opened (ETag mismatch)")]
     PreconditionFailed,

@@ -517,7 +517,12 @@ impl ObjectStore for S3Store {
                 Err(e) => {
                     let (err, status) = map_sdk_error(e);
                     m::s3_request(m::OP_LIST, &status, start.elapsed());
-                    return Err(err);
+                    return Err(match err {
+                        StoreError::NotFound => StoreError::ListNotFound(format!(
+                            "ListObjectsV2 of {prefix:?}, HTTP {status}"
+                        )),
+                        e => e,
+                    });
                 }
             };
             // The SDK's XML reader takes a body cut short but well-formed so
