@@ -81,6 +81,13 @@ pub const PROTECT: Duration = Duration::from_secs(30);
 /// queued blocks mostly share their buffers with read-ahead parts still held;
 /// beyond that they cost memory only while the disk lags.
 const MAX_PENDING_BYTES: u64 = 1 << 30;
+/// Queued block writes and the writers taking them.
+#[derive(Default)]
+struct Backlog {
+    jobs: std::collections::VecDeque<(PieceKey, u64, Bytes)>,
+    writers: usize,
+}
+
 /// Block files written at once, each by one blocking-pool thread: enough
 /// to keep an NVMe drive's queue busy with writes of a block each; more
 /// only hold threads (and two descriptors each) while the disk lags.
@@ -142,11 +149,10 @@ pub struct DiskCache {
     index: Mutex<Index>,
     pending: Mutex<HashMap<PieceKey, Bytes>>,
     pending_bytes: AtomicU64,
-    /// Block writes waiting for a writer (at most [`MAX_BLOCK_WRITERS`]
-    /// run at once, each on a blocking-pool thread).
-    backlog: Mutex<std::collections::VecDeque<(PieceKey, u64, Bytes)>>,
-    /// Writers running now.
-    writers: std::sync::atomic::AtomicUsize,
+    /// Block writes waiting for a writer, and the writers running now (at
+    /// most [`MAX_BLOCK_WRITERS`], each on a blocking-pool thread): one lock,
+    /// so that a block is never queued with every writer on its way out.
+    backlog: Mutex<Backlog>,
     /// Most writers that ran at once.
     #[cfg(test)]
     peak_writers: std::sync::atomic::AtomicUsize,
@@ -263,8 +269,7 @@ impl DiskCache {
             }),
             pending: Mutex::new(HashMap::new()),
             pending_bytes: AtomicU64::new(0),
-            backlog: Mutex::new(std::collections::VecDeque::new()),
-            writers: std::sync::atomic::AtomicUsize::new(0),
+            backlog: Mutex::new(Backlog::default()),
             #[cfg(test)]
             peak_writers: std::sync::atomic::AtomicUsize::new(0),
             latency: Mutex::new(Latency {
@@ -559,44 +564,44 @@ impl DiskCache {
             self.pack_queue.push(pk, size, data);
             return;
         }
-        self.backlog.lock().unwrap().push_back((pk, size, data));
-        self.start_writer();
+        let start = {
+            let mut b = self.backlog.lock().unwrap();
+            b.jobs.push_back((pk, size, data));
+            let start = b.writers < MAX_BLOCK_WRITERS;
+            if start {
+                b.writers += 1;
+                #[cfg(test)]
+                self.peak_writers
+                    .fetch_max(b.writers, std::sync::atomic::Ordering::Relaxed);
+            }
+            start
+        };
+        if start {
+            let me = self.clone();
+            tokio::task::spawn_blocking(move || me.write_backlog());
+        }
     }
 
-    /// Starts a block writer unless [`MAX_BLOCK_WRITERS`] run: it writes
-    /// the backlog's blocks one after the other until it is empty.
-    fn start_writer(self: &Arc<Self>) {
-        let running = self.writers.fetch_add(1, Ordering::AcqRel);
-        if running >= MAX_BLOCK_WRITERS {
-            self.writers.fetch_sub(1, Ordering::AcqRel);
-            return;
+    /// One block writer: writes the backlog's blocks one after the other
+    /// until it is empty, then counts itself out (under the same lock).
+    fn write_backlog(&self) {
+        loop {
+            let job = {
+                let mut b = self.backlog.lock().unwrap();
+                let job = b.jobs.pop_front();
+                if job.is_none() {
+                    b.writers -= 1;
+                }
+                job
+            };
+            let Some((pk, size, data)) = job else {
+                return;
+            };
+            self.write(pk, size, &data);
+            self.pending.lock().unwrap().remove(&pk);
+            self.pending_bytes
+                .fetch_sub(data.len() as u64, Ordering::Relaxed);
         }
-        #[cfg(test)]
-        self.peak_writers.fetch_max(running + 1, Ordering::AcqRel);
-        let me = self.clone();
-        tokio::task::spawn_blocking(move || {
-            loop {
-                let job = me.backlog.lock().unwrap().pop_front();
-                let Some((pk, size, data)) = job else {
-                    me.writers.fetch_sub(1, Ordering::AcqRel);
-                    // A block queued between the pop and the decrement saw
-                    // this writer still counted and may have started none.
-                    if me.backlog.lock().unwrap().is_empty() {
-                        return;
-                    }
-                    if me.writers.fetch_add(1, Ordering::AcqRel) >= MAX_BLOCK_WRITERS {
-                        // The others that run will take it.
-                        me.writers.fetch_sub(1, Ordering::AcqRel);
-                        return;
-                    }
-                    continue;
-                };
-                me.write(pk, size, &data);
-                me.pending.lock().unwrap().remove(&pk);
-                me.pending_bytes
-                    .fetch_sub(data.len() as u64, Ordering::Relaxed);
-            }
-        });
     }
 
     /// Writes block `pk` of an object of `size` bytes now. Returns whether it
