@@ -104,9 +104,8 @@ impl Hedge {
 
     /// Runs `send()`, and once more when the first has not finished after
     /// the delay and the budget allows: the first success is returned, the
-    /// other request dropped. A first that fails waits for the hedge; a
-    /// hedge that fails while the first is still late is returned (the
-    /// caller's next attempt is a fresh request).
+    /// other request dropped. Either one failing waits for the other; both
+    /// failing returns the later failure.
     pub(super) async fn run<T, E, F, Fut>(&self, send: F) -> Result<T, E>
     where
         F: Fn() -> Fut,
@@ -155,9 +154,11 @@ impl Hedge {
                     self.record(started.elapsed());
                     Ok(a)
                 }
-                Err(e) => {
+                // The first may still answer soundly: a hedge's error (a
+                // 404 from a lagging replica, a reset) is not the answer.
+                Err(_) => {
                     m::s3_hedge(self.op, m::HEDGE_FAILED);
-                    Err(e)
+                    first.await
                 }
             },
         }

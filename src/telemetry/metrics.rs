@@ -31,7 +31,7 @@ pub const HEDGE_WON: &str = "hedge";
 /// [`S3_HEDGES`] label: the first request answered first after all.
 pub const HEDGE_FIRST_WON: &str = "first";
 /// [`S3_HEDGES`] label: the hedged request failed while the first was
-/// still late; the attempt failed.
+/// still waiting (which is then waited for).
 pub const HEDGE_FAILED: &str = "failed";
 /// Counter: bytes received in GET bodies.
 pub const S3_GET_BYTES: &str = "lakemount_s3_get_bytes_total";
