@@ -56,28 +56,7 @@ fn every_kind_of_fault_at_ten_percent_reads_byte_exact() {
         });
         let before = proxy.injected();
         let want = files(dir);
-        let failures: Vec<String> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..4)
-                .map(|t| {
-                    let (m, want) = (&m, &want);
-                    s.spawn(move || {
-                        let mut bad = Vec::new();
-                        for (k, d) in want.iter().skip(t).step_by(4) {
-                            match std::fs::read(m.p(k)) {
-                                Ok(got) if got == *d => {}
-                                Ok(got) => bad.push(format!("{k}: {} bytes, wrong", got.len())),
-                                Err(e) => bad.push(format!("{k}: {e}")),
-                            }
-                        }
-                        bad
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| h.join().unwrap())
-                .collect()
-        });
+        let failures = read_all_4(&m, &want);
         proxy.set_rate(0.0);
         let injected: u64 = proxy
             .injected()

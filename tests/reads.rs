@@ -705,32 +705,6 @@ fn missing_object_is_enoent_not_eio() {
     assert!(buf.is_empty());
 }
 
-/// Reads every file of `files` through `m` with 4 threads; the names of
-/// those that failed or differ.
-fn read_all_4(m: &Mount, files: &[(String, Vec<u8>)]) -> Vec<String> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..4)
-            .map(|t| {
-                s.spawn(move || {
-                    let mut bad = Vec::new();
-                    for (k, d) in files.iter().skip(t).step_by(4) {
-                        match std::fs::read(m.p(k)) {
-                            Ok(got) if got == *d => {}
-                            Ok(_) => bad.push(format!("{k}: wrong bytes")),
-                            Err(e) => bad.push(format!("{k}: {e}")),
-                        }
-                    }
-                    bad
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
-    })
-}
-
 /// GETs the server holds (their answers 30 s late, with a 60 s attempt
 /// timeout) are answered by their hedges once the mount knows the server's
 /// latencies: byte-exact, in a fraction of the hold, and counted.

@@ -447,3 +447,29 @@ pub fn drop_page_cache(path: &Path) {
     let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     assert_eq!(r, 0, "posix_fadvise");
 }
+
+/// Reads every file of `files` through `m` with 4 threads; the names of
+/// those that failed or differ.
+pub fn read_all_4(m: &Mount, files: &[(String, Vec<u8>)]) -> Vec<String> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut bad = Vec::new();
+                    for (k, d) in files.iter().skip(t).step_by(4) {
+                        match std::fs::read(m.p(k)) {
+                            Ok(got) if got == *d => {}
+                            Ok(got) => bad.push(format!("{k}: {} bytes, wrong", got.len())),
+                            Err(e) => bad.push(format!("{k}: {e}")),
+                        }
+                    }
+                    bad
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    })
+}
