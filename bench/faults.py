@@ -57,6 +57,14 @@ print("seconds", f"{time.time() - t:.2f}", flush=True)
 """
 
 
+def tally(text):
+    """What READER printed: ({"ok": n, "wrong": n, "failed": n}, seconds or None)."""
+    lines = text.splitlines()
+    res = [line.split(" ", 1)[0] for line in lines if line.startswith(("ok ", "wrong ", "failed "))]
+    secs = next((float(line.split()[1]) for line in lines if line.startswith("seconds ")), None)
+    return {k: res.count(k) for k in ("ok", "wrong", "failed")}, secs
+
+
 def make_data(a, rawget):
     d = os.path.join(a.bench_dir, "data", "faults")
     if not os.path.exists(os.path.join(d, ".done")):
@@ -111,11 +119,9 @@ def measure(a, g, bucket, name, rate, seed, data):
                 m.proc.kill()
             text, _ = r.communicate()
             out["timed_out"] = True
-        lines = text.split("\n")
-        res = [l.split(" ", 1)[0] for l in lines if l.startswith(("ok ", "wrong ", "failed "))]
-        out.update(ok=res.count("ok"), wrong=res.count("wrong"), failed=res.count("failed"))
-        secs = [l.split()[1] for l in lines if l.startswith("seconds ")]
-        out["secs"] = float(secs[0]) if secs and not out["timed_out"] else float(a.timeout)
+        counts, secs = tally(text)
+        out.update(counts)
+        out["secs"] = secs if secs is not None and not out["timed_out"] else float(a.timeout)
     finally:
         m.stop()
         proxy.send_signal(2)

@@ -148,11 +148,9 @@ def main():
             r = subprocess.run([sys.executable, "-c", faults.READER, m.mnt, data], stdout=subprocess.PIPE,
                                text=True, timeout=1800)
             m.stop()
-            lines = r.stdout.splitlines()
-            res = [line.split(" ", 1)[0] for line in lines if line.startswith(("ok ", "wrong ", "failed "))]
-            secs = next((line.split()[1] for line in lines if line.startswith("seconds ")), "?")
-            print(f"node 3 {'killed at %.1f s' % a.after if kill else 'up'}: {secs} s, ok={res.count('ok')} "
-                  f"wrong={res.count('wrong')} failed={res.count('failed')}", flush=True)
+            n, secs = faults.tally(r.stdout)
+            print(f"node 3 {'killed at %.1f s' % a.after if kill else 'up'}: {secs} s, ok={n['ok']} "
+                  f"wrong={n['wrong']} failed={n['failed']}", flush=True)
             if kill:
                 nodes[2].start()
                 time.sleep(3)
