@@ -434,6 +434,26 @@ impl DiskCache {
         ix.limit
     }
 
+    /// [`DiskCache::read`] of a packed object (`size` below
+    /// `cache.passthrough_min_size` and one block), without waiting for
+    /// anything but one `pread` of a pack file (and, at most once per
+    /// `ttl / 16`, a record header write): for a thread that may block on
+    /// the local disk that long, e.g. a FUSE session thread. `None` also when
+    /// `size` is not packed or the restart scan has not indexed the packs
+    /// yet: then read with [`DiskCache::read`].
+    pub fn read_now(&self, pk: PieceKey, size: u64) -> Option<Bytes> {
+        if !self.packable(size) {
+            return None;
+        }
+        if let Some(b) = self.pending.lock().unwrap().get(&pk) {
+            return Some(b.clone());
+        }
+        if !self.index.lock().unwrap().packs_scanned {
+            return None;
+        }
+        self.read_packed(pk.obj, size)
+    }
+
     /// Reads block `pk` of an object of `size` bytes; the block holds `len`
     /// bytes. `None`: not cached, expired, or bad (a bad block is discarded
     /// and counted).

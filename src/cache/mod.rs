@@ -287,9 +287,13 @@ impl Cache {
     }
 
     /// `range` (bytes, end exclusive, within `size`) of `key` at `etag` when
-    /// every block of it is in the memory tier: no I/O and no wait, so a read
-    /// can be answered on the thread that asked. `None`: some block is not.
-    pub fn memory_range(
+    /// the cache holds it and reading it takes no wait: every block in the
+    /// memory tier, or a packed small object in its pack file (one `pread`
+    /// of the local disk, [`DiskCache::read_now`]), so that a read can be
+    /// answered on the thread that asked. Call it from a thread that may
+    /// block that long (a FUSE session thread), not a runtime worker.
+    /// `None`: read it with [`Cache::get_range`].
+    pub fn range_now(
         &self,
         key: &str,
         etag: &str,
@@ -297,22 +301,31 @@ impl Cache {
         range: std::ops::Range<u64>,
     ) -> Option<Segments> {
         debug_assert!(range.start < range.end && range.end <= size);
-        let mem = self.memory.as_ref()?;
         let obj = self.object_id(key, etag);
         let first = range.start / self.block_size;
         let last = (range.end - 1) / self.block_size;
-        let blocks = (first..=last)
-            .map(|idx| mem.get(&PieceKey { obj, idx }))
-            .collect::<Option<Vec<Bytes>>>()?;
-        let n = blocks.len() as u64;
-        let bytes: u64 = blocks.iter().map(|b| b.len() as u64).sum();
+        let blocks = match self.memory.as_ref().and_then(|mem| {
+            (first..=last)
+                .map(|idx| mem.get(&PieceKey { obj, idx }))
+                .collect::<Option<Vec<Bytes>>>()
+        }) {
+            Some(blocks) => {
+                let bytes: u64 = blocks.iter().map(|b| b.len() as u64).sum();
+                metrics::counter!(m::CACHE_HITS, "tier" => SRC_MEMORY)
+                    .increment(blocks.len() as u64);
+                served(SRC_MEMORY, bytes, None);
+                blocks
+            }
+            // Not copied into the memory tier: the pack file's pages are in
+            // the kernel's page cache already.
+            None => {
+                let block = self.disk.read_now(PieceKey { obj, idx: 0 }, size)?;
+                metrics::counter!(m::CACHE_HITS, "tier" => SRC_DISK).increment(1);
+                vec![block]
+            }
+        };
         let out = self.slice_blocks(blocks, first, &range);
-        if out.len() as u64 != range.end - range.start {
-            return None;
-        }
-        metrics::counter!(m::CACHE_HITS, "tier" => SRC_MEMORY).increment(n);
-        served(SRC_MEMORY, bytes, None);
-        Some(out)
+        (out.len() as u64 == range.end - range.start).then_some(out)
     }
 
     /// The bytes of `range` out of consecutive `blocks` starting at block

@@ -254,8 +254,10 @@ impl<S: ObjectStore> Reader<S> {
     /// Starts a read of `len` bytes at `offset`: moves the window and sends
     /// the GETs it needs now, without waiting. [`PendingRead::ready`] then
     /// gives the bytes at once when they are all here, else
-    /// [`PendingRead::finish`] waits for them. Panics outside a tokio runtime
-    /// context (GETs are spawned with `tokio::spawn`).
+    /// [`PendingRead::finish`] waits for them. May block on one `pread` of
+    /// the disk cache ([`Cache::range_now`]): call it from a FUSE session
+    /// thread, not a runtime worker. Panics outside a tokio runtime context
+    /// (GETs are spawned with `tokio::spawn`).
     pub fn begin_read(&self, offset: u64, len: u32) -> PendingRead {
         if offset >= self.size || len == 0 {
             return PendingRead::new(offset, offset, Vec::new());
@@ -393,13 +395,14 @@ impl<S: ObjectStore> Reader<S> {
         }
     }
 
-    /// The part `[start, end)`: at once from the cache's memory tier when it
-    /// holds all of it, else a GET (through the cache when there is one).
+    /// The part `[start, end)`: at once when the cache holds it without a
+    /// wait ([`Cache::range_now`]), else a GET (through the cache when there
+    /// is one).
     fn spawn_get(&self, start: u64, end: u64, reservation: Reservation) -> Part {
         if let Some(segs) = self
             .cache
             .as_ref()
-            .and_then(|c| c.memory_range(&self.key, &self.etag, self.size, start..end))
+            .and_then(|c| c.range_now(&self.key, &self.etag, self.size, start..end))
         {
             return Part::ready(start, end, reservation, segs);
         }
@@ -430,6 +433,7 @@ mod tests {
     use super::*;
     use crate::store::mem::MemStore;
     use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
 
     fn data(n: usize) -> Vec<u8> {
         (0..n).map(|i| (i * 7 % 251) as u8).collect()
@@ -602,6 +606,62 @@ mod tests {
         assert_eq!(again, d);
         let part = reader().begin_read(5000, 100).ready().unwrap().unwrap();
         assert_eq!(part, d[5000..5100]);
+        assert_eq!(store.gets.load(Ordering::Relaxed), gets);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// With no memory tier, a small object packed on disk is read at once on
+    /// the asking thread too (no task, no GET).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn packed_objects_on_disk_are_ready_at_once() {
+        let dir = std::env::temp_dir().join(format!("lakemount-packed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let config = crate::cache::CacheConfig {
+            dir: Some(dir.clone()),
+            min_free: crate::cache::Size::Bytes(0),
+            memory_size: 0,
+            block_size: 1 << 20,
+            ..Default::default()
+        };
+        let cache = Cache::open("b", &config).unwrap().unwrap();
+        let store = Arc::new(MemStore::default());
+        let (small, large) = (data(5_000), data(200_000));
+        let small_etag = store.put("small", small.clone());
+        let large_etag = store.put("large", large.clone());
+        let reader = |key: &str, etag: &str, size: usize| {
+            Reader::new(store.clone(), key, etag, size as u64, cfg(), budget())
+                .with_cache(Some(cache.clone()))
+        };
+        for (key, etag, d) in [
+            ("small", &small_etag, &small),
+            ("large", &large_etag, &large),
+        ] {
+            let first = reader(key, etag, d.len()).begin_read(0, d.len() as u32);
+            assert_eq!(&first.finish().await.unwrap(), d);
+        }
+        let gets = store.gets.load(Ordering::Relaxed);
+        // Ready once the restart scan (of an empty cache) has run.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let got = loop {
+            let r = reader("small", &small_etag, small.len());
+            if let Some(got) = r.begin_read(0, 5_000).ready() {
+                break got.unwrap();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "packed object never ready at once"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(got, small);
+        let part = reader("small", &small_etag, small.len())
+            .begin_read(1_000, 100)
+            .ready()
+            .unwrap()
+            .unwrap();
+        assert_eq!(part, small[1_000..1_100]);
+        let big = reader("large", &large_etag, large.len()).begin_read(0, 1_000);
+        assert_eq!(big.finish().await.unwrap(), large[..1_000]);
         assert_eq!(store.gets.load(Ordering::Relaxed), gets);
         let _ = std::fs::remove_dir_all(&dir);
     }
