@@ -473,7 +473,9 @@ impl<S: ObjectStore> Fs<S> {
             (file.reader.clone(), file.prefetch_dir.take())
         };
         let pending = reader.begin_read(offset, size);
-        if let (Some((key, prefix, before)), Some(small)) = (prefetch_dir, &self.small) {
+        if let (Some((key, prefix, before)), Some(small)) = (prefetch_dir, &self.small)
+            && small.may_scan(&prefix, before, self.meta.config().ttl())
+        {
             // This small object is read through lakemount without having
             // been prefetched: fetch its directory's others, from the
             // listing the lookup cached (never a LIST of its own).

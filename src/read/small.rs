@@ -220,6 +220,21 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         Taken::Prefetched(held.part)
     }
 
+    /// Whether a miss in directory `prefix` (`opened_before` from
+    /// [`Taken::Missed`]) may lead [`SmallPrefetch::missed`] to scan: not
+    /// while the directory's last scan, in the current round, is of a
+    /// listing fetched less than `ttl` (the metadata TTL) ago, which is the
+    /// case of every open after a directory's first in a round. Checked on
+    /// the opening thread, to spare those opens a task each. (A listing
+    /// fetched anew within its TTL is then scanned at the next round.)
+    pub fn may_scan(&self, prefix: &str, opened_before: Option<Instant>, ttl: Duration) -> bool {
+        let inner = self.inner.lock().unwrap();
+        match inner.scanned.get(prefix) {
+            Some(s) => opened_before.is_some_and(|t| t >= s.round) || s.listing.elapsed() >= ttl,
+            None => true,
+        }
+    }
+
     /// Small object `key` in directory `prefix` was read through lakemount
     /// with nothing prefetched (`opened_before`: its previous open, from
     /// [`Taken::Missed`]): queues the directory's other small objects
@@ -634,6 +649,36 @@ mod tests {
             "k000, k001, k003 again"
         );
         assert_eq!(p.unread_bytes(), 300);
+    }
+
+    /// An unscanned directory may be scanned; after its scan, a miss of the
+    /// same round may not (its listing is younger than the TTL), while a
+    /// read again (next round) or a listing past the TTL may.
+    #[tokio::test]
+    async fn only_a_new_round_or_listing_may_scan_again() {
+        let store = Arc::new(MemStore::default());
+        let listing = dir(&store, 4, 100);
+        let p = prefetcher(&store, 1000, 64);
+        let ttl = Duration::from_secs(60);
+        assert!(p.may_scan("d/", None, ttl));
+        let Taken::Missed(None) = p.take("d/k000", &listing.entries[0].etag, 100) else {
+            panic!("k000 not opened before");
+        };
+        p.missed("d/k000", "d/", listing.clone(), None).await;
+        settle(&p).await;
+        assert!(!p.may_scan("d/", None, ttl), "same round, fresh listing");
+        assert!(p.may_scan("e/", None, ttl), "another directory");
+        let Taken::Missed(Some(before)) = p.take("d/k000", &listing.entries[0].etag, 100) else {
+            panic!("k000 was opened before");
+        };
+        assert!(
+            p.may_scan("d/", Some(before), ttl),
+            "read again: next round"
+        );
+        assert!(
+            p.may_scan("d/", None, Duration::ZERO),
+            "listing past its TTL"
+        );
     }
 
     /// A prefetch GET that fails (here: the object changed since its
