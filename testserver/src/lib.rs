@@ -21,6 +21,7 @@
 
 pub mod faults;
 mod hooks;
+mod multipart;
 mod percent;
 mod s3impl;
 mod storage;
@@ -93,6 +94,7 @@ async fn launch(addr: SocketAddr, tls: Option<TlsAcceptor>) -> io::Result<Launch
     let mut builder = S3ServiceBuilder::new(MemS3 {
         storage: storage.clone(),
         hooks: hooks.clone(),
+        uploads: Default::default(),
     });
     builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
     builder.set_access(HookAccess {

@@ -8,6 +8,7 @@ use s3s::dto::*;
 use s3s::{Body, S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 
 use crate::hooks::BodyFault;
+use crate::multipart::{UploadError, Uploads};
 use crate::percent::encode_url;
 use crate::storage::{ListEntry, Object, Storage, StorageError};
 
@@ -19,6 +20,8 @@ pub struct MemS3 {
     pub(crate) storage: Arc<Storage>,
     /// Test knobs (here: how listings treat `encoding-type`).
     pub(crate) hooks: Arc<crate::hooks::Hooks>,
+    /// Open multipart uploads.
+    pub(crate) uploads: Arc<Uploads>,
 }
 
 impl MemS3 {
@@ -49,6 +52,27 @@ fn storage_err(e: StorageError) -> S3Error {
         StorageError::NoSuchKey => S3Error::new(S3ErrorCode::NoSuchKey),
         StorageError::BucketExists => S3Error::new(S3ErrorCode::BucketAlreadyOwnedByYou),
         StorageError::BucketNotEmpty => S3Error::new(S3ErrorCode::BucketNotEmpty),
+    }
+}
+
+fn upload_err(e: UploadError) -> S3Error {
+    S3Error::new(match e {
+        UploadError::NoSuchUpload => S3ErrorCode::NoSuchUpload,
+        UploadError::InvalidPartNumber => S3ErrorCode::InvalidArgument,
+        UploadError::InvalidPart => S3ErrorCode::InvalidPart,
+        UploadError::InvalidPartOrder => S3ErrorCode::InvalidPartOrder,
+        UploadError::EntityTooSmall => S3ErrorCode::EntityTooSmall,
+    })
+}
+
+/// The whole body of a request (empty when it has none).
+async fn read_body(body: Option<StreamingBlob>) -> S3Result<Bytes> {
+    match body {
+        Some(blob) => Body::from(blob)
+            .store_all_limited(usize::MAX)
+            .await
+            .map_err(|e| S3Error::with_source(S3ErrorCode::IncompleteBody, e)),
+        None => Ok(Bytes::new()),
     }
 }
 
@@ -261,6 +285,143 @@ impl S3 for MemS3 {
         Ok(S3Response::new(PutObjectOutput {
             e_tag: Some(ETag::Strong(etag.trim_matches('"').to_owned())),
             size: Some(size as i64),
+            ..Default::default()
+        }))
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        let i = req.input;
+        if !self.storage.bucket_exists(&i.bucket) {
+            return Err(S3Error::new(S3ErrorCode::NoSuchBucket));
+        }
+        let id = self.uploads.create(&i.bucket, &i.key);
+        Ok(S3Response::new(CreateMultipartUploadOutput {
+            bucket: Some(i.bucket),
+            key: Some(i.key),
+            upload_id: Some(id),
+            ..Default::default()
+        }))
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        let i = req.input;
+        let data = read_body(i.body).await?;
+        let etag = self
+            .uploads
+            .put_part(&i.bucket, &i.key, &i.upload_id, i.part_number, data)
+            .map_err(upload_err)?;
+        Ok(S3Response::new(UploadPartOutput {
+            e_tag: Some(ETag::Strong(etag.trim_matches('"').to_owned())),
+            ..Default::default()
+        }))
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let i = req.input;
+        let parts: Vec<(i32, String)> = i
+            .multipart_upload
+            .and_then(|m| m.parts)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| {
+                let etag = p.e_tag.map(|e| e.value().to_owned()).unwrap_or_default();
+                (p.part_number.unwrap_or(0), etag)
+            })
+            .collect();
+        let (data, etag) = self
+            .uploads
+            .complete(&i.bucket, &i.key, &i.upload_id, &parts)
+            .map_err(upload_err)?;
+        self.storage
+            .put_with_etag(&i.bucket, &i.key, data, etag.clone(), SystemTime::now())
+            .map_err(storage_err)?;
+        Ok(S3Response::new(CompleteMultipartUploadOutput {
+            bucket: Some(i.bucket),
+            key: Some(i.key),
+            e_tag: Some(ETag::Strong(etag.trim_matches('"').to_owned())),
+            ..Default::default()
+        }))
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        let i = req.input;
+        self.uploads
+            .abort(&i.bucket, &i.key, &i.upload_id)
+            .map_err(upload_err)?;
+        Ok(S3Response::with_status(
+            AbortMultipartUploadOutput::default(),
+            http::StatusCode::NO_CONTENT,
+        ))
+    }
+
+    /// All open uploads under the prefix in one answer (no paging: a test
+    /// server holds few).
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        let i = req.input;
+        if !self.storage.bucket_exists(&i.bucket) {
+            return Err(S3Error::new(S3ErrorCode::NoSuchBucket));
+        }
+        let prefix = i.prefix.clone().unwrap_or_default();
+        let uploads = self
+            .uploads
+            .list(&i.bucket, &prefix)
+            .into_iter()
+            .map(|u| MultipartUpload {
+                key: Some(u.key),
+                upload_id: Some(u.upload_id),
+                initiated: Some(Timestamp::from(u.initiated)),
+                ..Default::default()
+            })
+            .collect();
+        Ok(S3Response::new(ListMultipartUploadsOutput {
+            bucket: Some(i.bucket),
+            prefix: i.prefix,
+            is_truncated: Some(false),
+            uploads: Some(uploads),
+            ..Default::default()
+        }))
+    }
+
+    /// CopyObject within the server, with `x-amz-copy-source-if-match`.
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        let i = req.input;
+        let CopySource::Bucket { bucket, key, .. } = &i.copy_source else {
+            return Err(S3Error::new(S3ErrorCode::NotImplemented));
+        };
+        let src = self.storage.get(bucket, key).map_err(storage_err)?;
+        if let Some(c) = &i.copy_source_if_match
+            && !etag_matches(c, &src)
+        {
+            return Err(S3Error::new(S3ErrorCode::PreconditionFailed));
+        }
+        let now = SystemTime::now();
+        self.storage
+            .put_with_etag(&i.bucket, &i.key, src.data.clone(), src.etag.clone(), now)
+            .map_err(storage_err)?;
+        Ok(S3Response::new(CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: Some(etag_dto(&src)),
+                last_modified: Some(Timestamp::from(now)),
+                ..Default::default()
+            }),
             ..Default::default()
         }))
     }

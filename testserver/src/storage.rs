@@ -160,6 +160,27 @@ impl Storage {
         Ok(etag)
     }
 
+    /// Stores an object under a given quoted ETag (a completed multipart
+    /// upload's, which is not the MD5 of its bytes).
+    pub fn put_with_etag(
+        &self,
+        bucket: &str,
+        key: &str,
+        data: Bytes,
+        etag: String,
+        mtime: SystemTime,
+    ) -> Result<(), StorageError> {
+        let obj = Object {
+            data,
+            etag,
+            last_modified: mtime,
+        };
+        let mut b = self.lock();
+        let bucket = b.get_mut(bucket).ok_or(StorageError::NoSuchBucket)?;
+        bucket.objects.insert(key.to_owned(), obj);
+        Ok(())
+    }
+
     /// Returns a clone of the object (cheap: the data is a `Bytes`).
     pub fn get(&self, bucket: &str, key: &str) -> Result<Object, StorageError> {
         let b = self.lock();
