@@ -10,7 +10,13 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 
-use super::{ListPage, MAX_KEYS_PER_PAGE, ObjectMeta, ObjectStore, StoreError};
+use super::{
+    ListPage, MAX_KEYS_PER_PAGE, ObjectMeta, ObjectStore, PendingUpload, StoreError, UploadedPart,
+    WriteStore,
+};
+
+/// An open multipart upload: its key, and part number -> (bytes, ETag).
+type MemUpload = (String, BTreeMap<u32, (Bytes, String)>);
 
 /// A bucket in memory, with a counter per operation.
 #[derive(Debug, Default)]
@@ -25,6 +31,10 @@ pub struct MemStore {
     pub gets: AtomicU64,
     /// Bytes returned by ranged GETs.
     pub get_bytes: AtomicU64,
+    /// Open multipart uploads by id.
+    uploads: Mutex<BTreeMap<String, MemUpload>>,
+    /// Write requests served (PUT, multipart, copy, delete).
+    pub writes: AtomicU64,
 }
 
 impl MemStore {
@@ -123,6 +133,105 @@ impl ObjectStore for MemStore {
         self.get_bytes
             .fetch_add(end - range.start, Ordering::Relaxed);
         Ok(data.slice(range.start as usize..end as usize))
+    }
+}
+
+/// S3's rules on parts are not checked here (part sizes, numbers): the
+/// integration tests run against servers that check them.
+impl WriteStore for MemStore {
+    async fn put(&self, key: &str, data: Bytes) -> Result<String, StoreError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        Ok(MemStore::put(self, key, data))
+    }
+
+    async fn create_multipart(&self, key: &str) -> Result<String, StoreError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        let id = format!("u{}", self.next_etag.fetch_add(1, Ordering::Relaxed));
+        let entry = (key.to_string(), BTreeMap::new());
+        self.uploads.lock().unwrap().insert(id.clone(), entry);
+        Ok(id)
+    }
+
+    async fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        number: u32,
+        data: Bytes,
+    ) -> Result<String, StoreError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        let etag = format!("\"p{}\"", self.next_etag.fetch_add(1, Ordering::Relaxed));
+        let mut uploads = self.uploads.lock().unwrap();
+        match uploads.get_mut(upload_id) {
+            Some((k, parts)) if k == key => {
+                parts.insert(number, (data, etag.clone()));
+                Ok(etag)
+            }
+            _ => Err(StoreError::NotFound),
+        }
+    }
+
+    async fn complete_multipart(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: &[UploadedPart],
+    ) -> Result<String, StoreError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        let (k, held) = self
+            .uploads
+            .lock()
+            .unwrap()
+            .remove(upload_id)
+            .ok_or(StoreError::NotFound)?;
+        let mut all = Vec::new();
+        for p in parts {
+            match held.get(&p.number) {
+                Some((d, e)) if k == key && *e == p.etag => all.extend_from_slice(d),
+                _ => return Err(StoreError::Other(format!("InvalidPart {}", p.number))),
+            }
+        }
+        Ok(MemStore::put(self, key, all))
+    }
+
+    async fn abort_multipart(&self, _key: &str, upload_id: &str) -> Result<(), StoreError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.uploads.lock().unwrap().remove(upload_id);
+        Ok(())
+    }
+
+    async fn list_multipart(&self, prefix: &str) -> Result<Vec<PendingUpload>, StoreError> {
+        Ok(self
+            .uploads
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, (k, _))| k.starts_with(prefix))
+            .map(|(id, (k, _))| PendingUpload {
+                key: k.clone(),
+                upload_id: id.clone(),
+                initiated: SystemTime::UNIX_EPOCH,
+            })
+            .collect())
+    }
+
+    async fn copy(&self, from: &str, etag: &str, to: &str) -> Result<String, StoreError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        let data = {
+            let objects = self.objects.lock().unwrap();
+            let (data, cur) = objects.get(from).ok_or(StoreError::NotFound)?;
+            if !etag.is_empty() && etag != cur {
+                return Err(StoreError::PreconditionFailed);
+            }
+            data.clone()
+        };
+        Ok(MemStore::put(self, to, data))
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.objects.lock().unwrap().remove(key);
+        Ok(())
     }
 }
 

@@ -1,7 +1,8 @@
-//! The object store layer: one small async trait ([`ObjectStore`]) with typed
-//! errors ([`StoreError`]). `store/s3.rs` and `store/get.rs` are the only
-//! importers of `aws-sdk-s3`; `store/mem.rs` is an in-memory store for unit
-//! tests of logic above this layer.
+//! The object store layer: two small async traits, [`ObjectStore`] (reads)
+//! and [`WriteStore`] (PUT, multipart upload, copy, delete), with typed
+//! errors ([`StoreError`]). `store/s3.rs`, `store/get.rs` and
+//! `store/upload.rs` are the only importers of `aws-sdk-s3`; `store/mem.rs`
+//! is an in-memory store for unit tests of logic above this layer.
 //!
 //! Keys passed to and returned from this layer are full object keys in the bucket
 //! (the mount prefix already applied).
@@ -12,6 +13,7 @@ pub mod mem;
 pub mod pool;
 pub mod s3;
 pub mod segments;
+mod upload;
 
 use std::future::Future;
 use std::ops::Range;
@@ -117,4 +119,99 @@ pub trait ObjectStore: Send + Sync + 'static {
         range: Range<u64>,
         etag: &str,
     ) -> impl Future<Output = Result<Bytes, StoreError>> + Send;
+}
+
+/// Most parts one multipart upload may have (S3 limit, "Amazon S3 multipart
+/// upload limits" in the Amazon S3 User Guide).
+pub const MAX_PARTS: u32 = 10_000;
+/// Smallest size of a part other than the last, bytes (S3 limit: 5 MiB).
+pub const MIN_PART_SIZE: u64 = 5 << 20;
+/// Largest part, and largest object one PutObject or CopyObject may write,
+/// bytes (S3 limit: 5 GiB).
+pub const MAX_PART_SIZE: u64 = 5 << 30;
+
+/// One uploaded part, as CompleteMultipartUpload names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UploadedPart {
+    /// Part number, 1 to [`MAX_PARTS`].
+    pub number: u32,
+    /// The part's ETag as UploadPart returned it.
+    pub etag: String,
+}
+
+/// A multipart upload neither completed nor aborted, as
+/// ListMultipartUploads shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingUpload {
+    /// Full object key.
+    pub key: String,
+    /// The upload id.
+    pub upload_id: String,
+    /// When it was created (`UNIX_EPOCH` when the server sent no time).
+    pub initiated: SystemTime,
+}
+
+/// The write half of the object store, for writable mounts. Implementations
+/// retry transient faults themselves; an `Err` is final for that call.
+/// Every method that writes an object returns its new ETag.
+pub trait WriteStore: Send + Sync + 'static {
+    /// PutObject of `data` (at most [`MAX_PART_SIZE`] bytes) as `key`.
+    fn put(
+        &self,
+        key: &str,
+        data: Bytes,
+    ) -> impl Future<Output = Result<String, StoreError>> + Send;
+
+    /// CreateMultipartUpload of `key`: the upload id.
+    fn create_multipart(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<String, StoreError>> + Send;
+
+    /// UploadPart `number` (1 to [`MAX_PARTS`]) of upload `upload_id` of
+    /// `key`: the part's ETag. Every part but the last must hold at least
+    /// [`MIN_PART_SIZE`] bytes (checked by the server at completion).
+    fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        number: u32,
+        data: Bytes,
+    ) -> impl Future<Output = Result<String, StoreError>> + Send;
+
+    /// CompleteMultipartUpload of `upload_id` of `key` from `parts`, in
+    /// ascending part order.
+    fn complete_multipart(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: &[UploadedPart],
+    ) -> impl Future<Output = Result<String, StoreError>> + Send;
+
+    /// AbortMultipartUpload: the server drops the uploaded parts. An upload
+    /// already gone (404 NoSuchUpload) is not an error.
+    fn abort_multipart(
+        &self,
+        key: &str,
+        upload_id: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Every upload pending under `prefix` (ListMultipartUploads, all pages).
+    fn list_multipart(
+        &self,
+        prefix: &str,
+    ) -> impl Future<Output = Result<Vec<PendingUpload>, StoreError>> + Send;
+
+    /// CopyObject of `from` at `etag` (`x-amz-copy-source-if-match`: a
+    /// changed source gives [`StoreError::PreconditionFailed`]) to `to`, at
+    /// most [`MAX_PART_SIZE`] bytes.
+    fn copy(
+        &self,
+        from: &str,
+        etag: &str,
+        to: &str,
+    ) -> impl Future<Output = Result<String, StoreError>> + Send;
+
+    /// DeleteObject of `key`; deleting a missing key succeeds, as in S3.
+    fn delete(&self, key: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
 }

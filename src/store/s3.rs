@@ -101,8 +101,8 @@ impl Default for S3Config {
 /// An S3 bucket reached through `aws-sdk-s3`. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct S3Store {
-    client: aws_sdk_s3::Client,
-    bucket: String,
+    pub(super) client: aws_sdk_s3::Client,
+    pub(super) bucket: String,
     /// Listings ask for `encoding-type=url` until the server refuses it once
     /// (some S3-compatible servers answer 400 or 501); then they list without.
     url_listing: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -112,7 +112,9 @@ pub struct S3Store {
     /// endpoints whose rules need what only the SDK does.
     direct: Option<std::sync::Arc<DirectGet>>,
     /// `s3.max_attempts`, for the listing check's own retries.
-    max_attempts: u32,
+    pub(super) max_attempts: u32,
+    /// `s3.attempt_timeout_secs`, which uploads extend by their size.
+    pub(super) attempt_timeout: Duration,
     /// `s3.stall_timeout_secs`, for GET bodies read through the SDK.
     stall: Duration,
     /// Hedged ListObjectsV2 requests; `None`: `s3.hedged_gets` off.
@@ -178,8 +180,11 @@ impl S3Store {
                     .with_initial_backoff(get::BACKOFF_BASE),
             )
             // A LIST or HEAD whose body stops is given up as a GET's is.
+            // Not uploads: a server may stop reading a body for longer while
+            // it writes; their attempt timeout bounds them instead.
             .stalled_stream_protection(
                 aws_sdk_s3::config::StalledStreamProtectionConfig::enabled()
+                    .upload_enabled(false)
                     .grace_period(Duration::from_secs_f64(config.stall_timeout_secs))
                     .build(),
             )
@@ -250,6 +255,7 @@ impl S3Store {
             pool: BufferPool::none(),
             direct: direct.map(std::sync::Arc::new),
             max_attempts: config.max_attempts.max(1),
+            attempt_timeout: Duration::from_secs_f64(config.attempt_timeout_secs),
             stall: Duration::from_secs_f64(config.stall_timeout_secs),
             list_hedge: config
                 .hedged_gets
@@ -311,7 +317,7 @@ fn tls_context_with_ca(path: &std::path::Path) -> anyhow::Result<tls::TlsContext
 }
 
 /// Maps an SDK error to a [`StoreError`] and the status label for metrics.
-fn map_sdk_error<E>(err: SdkError<E, HttpResponse>) -> (StoreError, String)
+pub(super) fn map_sdk_error<E>(err: SdkError<E, HttpResponse>) -> (StoreError, String)
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {

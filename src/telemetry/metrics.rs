@@ -35,6 +35,9 @@ pub const HEDGE_FIRST_WON: &str = "first";
 pub const HEDGE_FAILED: &str = "failed";
 /// Counter: bytes received in GET bodies.
 pub const S3_GET_BYTES: &str = "lakemount_s3_get_bytes_total";
+/// Counter: bytes sent in PutObject and UploadPart bodies (once per
+/// request that succeeded, not per attempt).
+pub const S3_SENT_BYTES: &str = "lakemount_s3_sent_bytes_total";
 /// Counter: bytes returned to FUSE read requests.
 pub const FUSE_READ_BYTES: &str = "lakemount_fuse_read_bytes_total";
 /// Counter: opens answered with FOPEN_DIRECT_IO (files of at least
@@ -130,6 +133,22 @@ pub const OP_LIST: &str = "LIST";
 pub const OP_HEAD: &str = "HEAD";
 /// `op` label of GetObject.
 pub const OP_GET: &str = "GET";
+/// `op` label of PutObject.
+pub const OP_PUT: &str = "PUT";
+/// `op` label of CreateMultipartUpload.
+pub const OP_CREATE_MULTIPART: &str = "CREATE_MULTIPART";
+/// `op` label of UploadPart.
+pub const OP_UPLOAD_PART: &str = "UPLOAD_PART";
+/// `op` label of CompleteMultipartUpload.
+pub const OP_COMPLETE_MULTIPART: &str = "COMPLETE_MULTIPART";
+/// `op` label of AbortMultipartUpload.
+pub const OP_ABORT_MULTIPART: &str = "ABORT_MULTIPART";
+/// `op` label of ListMultipartUploads.
+pub const OP_LIST_MULTIPART: &str = "LIST_MULTIPART";
+/// `op` label of CopyObject.
+pub const OP_COPY: &str = "COPY";
+/// `op` label of DeleteObject.
+pub const OP_DELETE: &str = "DELETE";
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -215,6 +234,11 @@ pub fn s3_hedge(op: &'static str, won: &'static str) {
 /// Sets the hedge delay gauge.
 pub fn s3_hedge_delay(op: &'static str, delay: Duration) {
     metrics::gauge!(S3_HEDGE_DELAY, "op" => op).set(delay.as_secs_f64());
+}
+
+/// Records bytes of an upload that succeeded.
+pub fn s3_bytes_sent(n: u64) {
+    metrics::counter!(S3_SENT_BYTES).increment(n);
 }
 
 /// Records GET body bytes.

@@ -1,0 +1,280 @@
+//! [`WriteStore`] for [`S3Store`]: PutObject, multipart upload, CopyObject
+//! and DeleteObject through the SDK, whose standard retry strategy retries
+//! transient faults (the request bodies are in memory, so every attempt can
+//! resend them).
+//!
+//! An upload's attempt timeout grows with its body: `s3.attempt_timeout_secs`
+//! plus one second per [`MIN_UPLOAD_RATE`] bytes, so a 64 MiB part on a slow
+//! link is not cut off while one that stops is.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use aws_sdk_s3::config::timeout::TimeoutConfig;
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use bytes::Bytes;
+
+use super::s3::{S3Store, map_sdk_error};
+use super::{PendingUpload, StoreError, UploadedPart, WriteStore};
+use crate::telemetry::metrics as m;
+
+/// Slowest upload rate an attempt is given time for, bytes per second.
+pub const MIN_UPLOAD_RATE: u64 = 1 << 20;
+
+impl S3Store {
+    /// Per-request timeouts of a request with a body of `len` bytes.
+    fn upload_timeouts(&self, len: u64) -> aws_sdk_s3::config::Builder {
+        let attempt = self.attempt_timeout + Duration::from_secs(len / MIN_UPLOAD_RATE);
+        aws_sdk_s3::config::Builder::new().timeout_config(
+            TimeoutConfig::builder()
+                .operation_attempt_timeout(attempt)
+                .operation_timeout(attempt * self.max_attempts)
+                .build(),
+        )
+    }
+}
+
+/// Records one finished request and maps its error.
+fn finish<T, E>(
+    op: &'static str,
+    start: Instant,
+    res: Result<
+        T,
+        aws_sdk_s3::error::SdkError<E, aws_smithy_runtime_api::client::orchestrator::HttpResponse>,
+    >,
+    ok_status: &str,
+) -> Result<T, StoreError>
+where
+    E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match res {
+        Ok(out) => {
+            m::s3_request(op, ok_status, start.elapsed());
+            Ok(out)
+        }
+        Err(e) => {
+            let (err, status) = map_sdk_error(e);
+            m::s3_request(op, &status, start.elapsed());
+            Err(err)
+        }
+    }
+}
+
+impl WriteStore for S3Store {
+    async fn put(&self, key: &str, data: Bytes) -> Result<String, StoreError> {
+        let len = data.len() as u64;
+        let start = Instant::now();
+        let res = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .body(ByteStream::from(data))
+            .customize()
+            .config_override(self.upload_timeouts(len))
+            .send()
+            .await;
+        let out = finish(m::OP_PUT, start, res, "200")?;
+        m::s3_bytes_sent(len);
+        Ok(out.e_tag().unwrap_or_default().to_string())
+    }
+
+    async fn create_multipart(&self, key: &str) -> Result<String, StoreError> {
+        let start = Instant::now();
+        let res = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await;
+        let out = finish(m::OP_CREATE_MULTIPART, start, res, "200")?;
+        out.upload_id()
+            .map(str::to_string)
+            .ok_or_else(|| StoreError::Other(format!("CreateMultipartUpload {key}: no upload id")))
+    }
+
+    async fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        number: u32,
+        data: Bytes,
+    ) -> Result<String, StoreError> {
+        let len = data.len() as u64;
+        let start = Instant::now();
+        let res = self
+            .client
+            .upload_part()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .part_number(number as i32)
+            .body(ByteStream::from(data))
+            .customize()
+            .config_override(self.upload_timeouts(len))
+            .send()
+            .await;
+        let out = finish(m::OP_UPLOAD_PART, start, res, "200")?;
+        m::s3_bytes_sent(len);
+        out.e_tag()
+            .map(str::to_string)
+            .ok_or_else(|| StoreError::Other(format!("UploadPart {key} #{number}: no ETag")))
+    }
+
+    async fn complete_multipart(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: &[UploadedPart],
+    ) -> Result<String, StoreError> {
+        let completed = CompletedMultipartUpload::builder()
+            .set_parts(Some(
+                parts
+                    .iter()
+                    .map(|p| {
+                        CompletedPart::builder()
+                            .part_number(p.number as i32)
+                            .e_tag(&p.etag)
+                            .build()
+                    })
+                    .collect(),
+            ))
+            .build();
+        let start = Instant::now();
+        // The server may take a while to join many parts.
+        let res = self
+            .client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .multipart_upload(completed)
+            .customize()
+            .config_override(self.upload_timeouts(parts.len() as u64 * MIN_UPLOAD_RATE / 100))
+            .send()
+            .await;
+        let out = finish(m::OP_COMPLETE_MULTIPART, start, res, "200")?;
+        Ok(out.e_tag().unwrap_or_default().to_string())
+    }
+
+    async fn abort_multipart(&self, key: &str, upload_id: &str) -> Result<(), StoreError> {
+        let start = Instant::now();
+        let res = self
+            .client
+            .abort_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .send()
+            .await;
+        match finish(m::OP_ABORT_MULTIPART, start, res, "204") {
+            Ok(_) | Err(StoreError::NotFound) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn list_multipart(&self, prefix: &str) -> Result<Vec<PendingUpload>, StoreError> {
+        let mut out = Vec::new();
+        let (mut key_marker, mut id_marker) = (None::<String>, None::<String>);
+        loop {
+            let start = Instant::now();
+            let res = self
+                .client
+                .list_multipart_uploads()
+                .bucket(&self.bucket)
+                .prefix(prefix)
+                .set_key_marker(key_marker.take())
+                .set_upload_id_marker(id_marker.take())
+                .send()
+                .await;
+            let page = finish(m::OP_LIST_MULTIPART, start, res, "200")?;
+            for u in page.uploads() {
+                let (Some(key), Some(id)) = (u.key(), u.upload_id()) else {
+                    continue;
+                };
+                out.push(PendingUpload {
+                    key: key.to_string(),
+                    upload_id: id.to_string(),
+                    initiated: u
+                        .initiated()
+                        .and_then(|t| SystemTime::try_from(*t).ok())
+                        .unwrap_or(SystemTime::UNIX_EPOCH),
+                });
+            }
+            if !page.is_truncated().unwrap_or(false) {
+                return Ok(out);
+            }
+            key_marker = page.next_key_marker().map(str::to_string);
+            id_marker = page.next_upload_id_marker().map(str::to_string);
+            if key_marker.is_none() && id_marker.is_none() {
+                return Err(StoreError::Other(
+                    "ListMultipartUploads: truncated page without a next marker".into(),
+                ));
+            }
+        }
+    }
+
+    async fn copy(&self, from: &str, etag: &str, to: &str) -> Result<String, StoreError> {
+        // x-amz-copy-source is `bucket/key`, URL-encoded (CopyObject in the
+        // Amazon S3 API reference); `/` stays as it is.
+        let source = format!("{}/{}", self.bucket, encode_copy_source(from));
+        let start = Instant::now();
+        let res = self
+            .client
+            .copy_object()
+            .bucket(&self.bucket)
+            .key(to)
+            .copy_source(source)
+            .set_copy_source_if_match((!etag.is_empty()).then(|| etag.to_string()))
+            .customize()
+            .config_override(self.upload_timeouts(super::MAX_PART_SIZE / 100))
+            .send()
+            .await;
+        let out = finish(m::OP_COPY, start, res, "200")?;
+        Ok(out
+            .copy_object_result()
+            .and_then(|r| r.e_tag())
+            .unwrap_or_default()
+            .to_string())
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        let start = Instant::now();
+        let res = self
+            .client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await;
+        match finish(m::OP_DELETE, start, res, "204") {
+            Ok(_) | Err(StoreError::NotFound) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Percent-encodes a key for `x-amz-copy-source`: every byte but the
+/// unreserved ones (RFC 3986, section 2.3) and `/`.
+fn encode_copy_source(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_sources_are_percent_encoded_but_slashes() {
+        assert_eq!(encode_copy_source("a/b c+d%é"), "a/b%20c%2Bd%25%C3%A9");
+    }
+}
