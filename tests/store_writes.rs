@@ -103,6 +103,21 @@ async fn multipart_uploads_complete_and_abort() {
     let stored = server().get(&b, "ckpt/step-1/model.bin").unwrap();
     assert_eq!(stored.len(), p1.len() + p2.len());
     assert!(stored[..p1.len()] == p1[..] && stored[p1.len()..] == p2[..]);
+    // A retried completion of an upload that already completed.
+    assert_eq!(
+        s.complete_multipart("ckpt/step-1/model.bin", &id, &parts)
+            .await,
+        Err(StoreError::NoSuchUpload)
+    );
+    // A copy of a multipart object is one part: its ETag is its MD5.
+    let copied = s
+        .copy("ckpt/step-1/model.bin", &etag, "ckpt/copy.bin")
+        .await
+        .unwrap();
+    assert!(
+        !copied.contains('-') && copied.trim_matches('"').len() == 32,
+        "{copied}"
+    );
     s.abort_multipart("ckpt/step-1/optim.bin", &gone)
         .await
         .unwrap();

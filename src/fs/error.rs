@@ -58,6 +58,7 @@ impl FsError {
                 StoreError::PreconditionFailed => libc::ESTALE,
                 StoreError::AccessDenied(_) | StoreError::NoCredentials(_) => libc::EACCES,
                 StoreError::NoSuchBucket
+                | StoreError::NoSuchUpload
                 | StoreError::ListNotFound(_)
                 | StoreError::InvalidRange
                 | StoreError::Throttled(_)

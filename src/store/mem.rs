@@ -167,7 +167,7 @@ impl WriteStore for MemStore {
                 parts.insert(number, (data, etag.clone()));
                 Ok(etag)
             }
-            _ => Err(StoreError::NotFound),
+            _ => Err(StoreError::NoSuchUpload),
         }
     }
 
@@ -178,12 +178,9 @@ impl WriteStore for MemStore {
         parts: &[UploadedPart],
     ) -> Result<String, StoreError> {
         self.writes.fetch_add(1, Ordering::Relaxed);
-        let (k, held) = self
-            .uploads
-            .lock()
-            .unwrap()
-            .remove(upload_id)
-            .ok_or(StoreError::NotFound)?;
+        // As in S3, a completion naming a bad part leaves the upload pending.
+        let mut uploads = self.uploads.lock().unwrap();
+        let (k, held) = uploads.get(upload_id).ok_or(StoreError::NoSuchUpload)?;
         let mut all = Vec::new();
         for p in parts {
             match held.get(&p.number) {
@@ -191,6 +188,8 @@ impl WriteStore for MemStore {
                 _ => return Err(StoreError::Other(format!("InvalidPart {}", p.number))),
             }
         }
+        uploads.remove(upload_id);
+        drop(uploads);
         Ok(MemStore::put(self, key, all))
     }
 

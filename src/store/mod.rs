@@ -75,6 +75,10 @@ pub enum StoreError {
     /// request was sent (EACCES in the file system).
     #[error("no usable AWS credentials: {0}")]
     NoCredentials(String),
+    /// A multipart upload id the server does not know (404 NoSuchUpload):
+    /// aborted, completed, or never created. EIO, never ENOENT.
+    #[error("no such multipart upload")]
+    NoSuchUpload,
     /// The requested range is not satisfiable (416).
     #[error("requested range not satisfiable")]
     InvalidRange,
@@ -180,7 +184,9 @@ pub trait WriteStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<String, StoreError>> + Send;
 
     /// CompleteMultipartUpload of `upload_id` of `key` from `parts`, in
-    /// ascending part order.
+    /// ascending part order. [`StoreError::NoSuchUpload`] when the server
+    /// does not know the upload, which a retry after a lost answer to a
+    /// completion that succeeded also gets: the caller checks the object.
     fn complete_multipart(
         &self,
         key: &str,
@@ -189,7 +195,7 @@ pub trait WriteStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<String, StoreError>> + Send;
 
     /// AbortMultipartUpload: the server drops the uploaded parts. An upload
-    /// already gone (404 NoSuchUpload) is not an error.
+    /// already gone (404 NoSuchUpload) is not an error; any other 404 is.
     fn abort_multipart(
         &self,
         key: &str,

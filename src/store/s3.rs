@@ -328,6 +328,7 @@ where
             let msg = format!("{status} {code} {}", se.err().message().unwrap_or(""));
             let mapped = match (status, code.as_str()) {
                 (_, "NoSuchBucket") => StoreError::NoSuchBucket,
+                (_, "NoSuchUpload") => StoreError::NoSuchUpload,
                 (404, _) | (_, "NoSuchKey") => StoreError::NotFound,
                 (412, _) => StoreError::PreconditionFailed,
                 (416, _) => StoreError::InvalidRange,

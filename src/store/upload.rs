@@ -76,7 +76,7 @@ impl WriteStore for S3Store {
             .await;
         let out = finish(m::OP_PUT, start, res, "200")?;
         m::s3_bytes_sent(len);
-        Ok(out.e_tag().unwrap_or_default().to_string())
+        etag_of(out.e_tag(), "PutObject", key)
     }
 
     async fn create_multipart(&self, key: &str) -> Result<String, StoreError> {
@@ -155,7 +155,7 @@ impl WriteStore for S3Store {
             .send()
             .await;
         let out = finish(m::OP_COMPLETE_MULTIPART, start, res, "200")?;
-        Ok(out.e_tag().unwrap_or_default().to_string())
+        etag_of(out.e_tag(), "CompleteMultipartUpload", key)
     }
 
     async fn abort_multipart(&self, key: &str, upload_id: &str) -> Result<(), StoreError> {
@@ -169,7 +169,7 @@ impl WriteStore for S3Store {
             .send()
             .await;
         match finish(m::OP_ABORT_MULTIPART, start, res, "204") {
-            Ok(_) | Err(StoreError::NotFound) => Ok(()),
+            Ok(_) | Err(StoreError::NoSuchUpload) => Ok(()),
             Err(e) => Err(e),
         }
     }
@@ -177,6 +177,7 @@ impl WriteStore for S3Store {
     async fn list_multipart(&self, prefix: &str) -> Result<Vec<PendingUpload>, StoreError> {
         let mut out = Vec::new();
         let (mut key_marker, mut id_marker) = (None::<String>, None::<String>);
+        let mut last = (None, None);
         loop {
             let start = Instant::now();
             let res = self
@@ -205,13 +206,19 @@ impl WriteStore for S3Store {
             if !page.is_truncated().unwrap_or(false) {
                 return Ok(out);
             }
-            key_marker = page.next_key_marker().map(str::to_string);
-            id_marker = page.next_upload_id_marker().map(str::to_string);
-            if key_marker.is_none() && id_marker.is_none() {
+            let next = (
+                page.next_key_marker().map(str::to_string),
+                page.next_upload_id_marker().map(str::to_string),
+            );
+            // A truncated page must move the markers on, or the loop would
+            // ask for the same page forever.
+            if next.0.is_none() || next == last {
                 return Err(StoreError::Other(
-                    "ListMultipartUploads: truncated page without a next marker".into(),
+                    "ListMultipartUploads: truncated page without new markers".into(),
                 ));
             }
+            last = next.clone();
+            (key_marker, id_marker) = next;
         }
     }
 
@@ -232,11 +239,11 @@ impl WriteStore for S3Store {
             .send()
             .await;
         let out = finish(m::OP_COPY, start, res, "200")?;
-        Ok(out
-            .copy_object_result()
-            .and_then(|r| r.e_tag())
-            .unwrap_or_default()
-            .to_string())
+        etag_of(
+            out.copy_object_result().and_then(|r| r.e_tag()),
+            "CopyObject",
+            to,
+        )
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
@@ -252,6 +259,17 @@ impl WriteStore for S3Store {
             Ok(_) | Err(StoreError::NotFound) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+}
+
+/// The ETag an answer that wrote `key` carried. Without one the new object
+/// could not be pinned (If-Match) when read or copied: an error.
+fn etag_of(etag: Option<&str>, op: &str, key: &str) -> Result<String, StoreError> {
+    match etag {
+        Some(e) if !e.is_empty() => Ok(e.to_string()),
+        _ => Err(StoreError::Other(format!(
+            "{op} {key}: answer without an ETag"
+        ))),
     }
 }
 

@@ -412,13 +412,16 @@ impl S3 for MemS3 {
         {
             return Err(S3Error::new(S3ErrorCode::PreconditionFailed));
         }
+        // As S3: the copy is a new single-part object, so its ETag is the
+        // MD5 of its bytes even when the source was a multipart upload.
         let now = SystemTime::now();
-        self.storage
-            .put_with_etag(&i.bucket, &i.key, src.data.clone(), src.etag.clone(), now)
+        let etag = self
+            .storage
+            .put(&i.bucket, &i.key, src.data.clone(), now)
             .map_err(storage_err)?;
         Ok(S3Response::new(CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {
-                e_tag: Some(etag_dto(&src)),
+                e_tag: Some(ETag::Strong(etag.trim_matches('"').to_owned())),
                 last_modified: Some(Timestamp::from(now)),
                 ..Default::default()
             }),
