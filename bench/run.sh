@@ -2,8 +2,8 @@
 # lakemount benchmark: bench/run.sh [--quick] [--runs N] [--systems a,b]
 #                       [--link-gbit G --ttfb-ms T] [SUITE|WORKLOAD ...]
 #
-# Suites: seq rand loader meta all (default: all); `cache` (bench/cache.py) and
-# `torch` (bench/torch_bench.py) have their own drivers. Writes bench/RESULTS.md.
+# Suites: seq rand loader meta all (default: all); `cache` (bench/cache.py),
+# `torch` (bench/torch_bench.py) and `writes` (bench/writes.py) have their own drivers. Writes bench/RESULTS.md.
 # Data, Garage, mount points and logs live in $BENCH_DIR (default: ../bench-data
 # next to this checkout, never inside it). Run as root (FUSE mounts, apt-get).
 # Not part of CI. See bench/README.md.
@@ -104,6 +104,10 @@ cc -shared -fPIC -O2 -o "$BENCH_DIR/nodelay.so" "$here/nodelay/nodelay.c" -ldl
 if [[ ${1:-} == cache ]]; then
     shift
     python3 "$here/cache.py" "$@" &
+elif [[ ${1:-} == writes ]]; then
+    # Checkpoint writes (issue 14): close and durable times, rclone's write-back beside.
+    shift
+    python3 "$here/writes.py" "$@" &
 elif [[ ${1:-} == torch ]]; then
     # The PyTorch DataLoader suite: torch in its own venv under $BENCH_DIR (~5.5 GB, once).
     shift

@@ -245,6 +245,9 @@ pub struct Mounted {
     rt: Option<tokio::runtime::Runtime>,
     mountpoint: std::path::PathBuf,
     cache: Option<Arc<Cache>>,
+    /// The write path of a writable mount, and how long unmount waits for
+    /// its uploads.
+    writes: Option<(Arc<crate::write::Writes<S3Store>>, std::time::Duration)>,
 }
 
 /// Longest wait at unmount for blocks still queued for the disk cache, and for
@@ -290,15 +293,34 @@ impl Mounted {
                 "data cache on"
             );
         }
+        let store = Arc::new(store);
+        let writes = if config.mount.read_only {
+            None
+        } else {
+            let writes = open_writes(&store, source, config)?;
+            let found = rt.block_on(writes.recover(&source.prefix))?;
+            if found > 0 {
+                info!(
+                    files = found,
+                    "staged files of a previous run found: uploading them"
+                );
+            }
+            Some(writes)
+        };
+        let pending = writes.clone().map(|w| {
+            let wait = std::time::Duration::from_secs_f64(config.write.shutdown_wait_secs);
+            (w, wait)
+        });
         let fs = Arc::new(
             Fs::new(
-                Arc::new(store),
+                store,
                 &source.prefix,
                 &config.mount,
                 config.metadata.clone(),
                 config.read.clone(),
             )
-            .with_cache(cache.clone()),
+            .with_cache(cache.clone())
+            .with_writes(writes),
         );
         if config.metadata.prefetch_tree {
             let fs = fs.clone();
@@ -338,7 +360,8 @@ impl Mounted {
             bucket = %source.bucket,
             prefix = %source.prefix,
             mountpoint = %mountpoint.display(),
-            "mounted (read-only)"
+            mode = if config.mount.read_only { "read-only" } else { "read-write" },
+            "mounted"
         );
         if config.read.kernel_read_ahead > 0 {
             set_kernel_read_ahead(mountpoint, config.read.kernel_read_ahead);
@@ -350,6 +373,7 @@ impl Mounted {
             rt: Some(rt),
             mountpoint: mountpoint.to_path_buf(),
             cache,
+            writes: pending,
         })
     }
 
@@ -387,6 +411,18 @@ impl Mounted {
         let served = thread
             .join()
             .map_err(|_| anyhow::anyhow!("FUSE session thread panicked"))?;
+        if let (Some((w, wait)), Some(rt)) = (self.writes.take(), &self.rt) {
+            // Every handle is closed now: upload what is staged, for a while.
+            let left = rt.block_on(w.upload_all(wait));
+            if left > 0 {
+                warn!(
+                    files = left,
+                    dir = %w.staging().dir().display(),
+                    "unmounted with staged files not yet in S3: they stay in staging and \
+                     are uploaded at the next start"
+                );
+            }
+        }
         for line in telemetry::metrics::s3_request_summary() {
             info!("{line}");
         }
@@ -453,11 +489,54 @@ fn set_kernel_read_ahead(mountpoint: &Path, bytes: u64) {
     }
 }
 
+/// The staging directory of a writable mount: `write.staging_dir`, else
+/// `staging` in the cache directory, else one per bucket and prefix under
+/// `/var/tmp/lakemount/staging` (kept across reboots, so files not yet
+/// uploaded are found again).
+pub fn staging_dir(source: &Source, config: &Config) -> std::path::PathBuf {
+    if let Some(d) = &config.write.staging_dir {
+        return d.clone();
+    }
+    if let Some(c) = &config.cache.dir {
+        return c.join("staging");
+    }
+    let mut d = Path::new("/var/tmp/lakemount/staging").join(&source.bucket);
+    let prefix = source.prefix.trim_end_matches('/');
+    if !prefix.is_empty() {
+        d.push(prefix.replace('/', "%2F"));
+    }
+    d
+}
+
+/// Opens staging and the write path of a writable mount.
+fn open_writes(
+    store: &Arc<S3Store>,
+    source: &Source,
+    config: &Config,
+) -> anyhow::Result<Arc<crate::write::Writes<S3Store>>> {
+    let dir = staging_dir(source, config);
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("write.staging_dir: cannot create {}", dir.display()))?;
+    let total = crate::cache::statvfs(&dir).map_or(0, |(total, _)| total);
+    let limit = config.write.staging_max_size.bytes(total);
+    let staging = crate::write::Staging::open(&dir, limit)?;
+    info!(dir = %dir.display(), limit_bytes = limit, "staging for writes");
+    Ok(crate::write::Writes::new(
+        store.clone(),
+        staging,
+        &config.write,
+    ))
+}
+
 fn fuse_config(source: &Source, config: &Config) -> fuser::Config {
     let mut options = vec![
         MountOption::FSName(format!("lakemount:{}/{}", source.bucket, source.prefix)),
         MountOption::Subtype("lakemount".into()),
-        MountOption::RO,
+        if config.mount.read_only {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        },
         MountOption::DefaultPermissions,
         MountOption::NoDev,
         MountOption::NoSuid,

@@ -20,7 +20,7 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Mount s3://BUCKET[/PREFIX] at MOUNTPOINT (read-only). Stays in the
+    /// Mount s3://BUCKET[/PREFIX] at MOUNTPOINT (read-only unless --read-write). Stays in the
     /// foreground until SIGINT/SIGTERM or `umount`, unless --daemon.
     Mount(Box<MountArgs>),
     /// Fill the data cache of a running mount: read PATHs (files, or directories
@@ -88,7 +88,7 @@ pub struct MountArgs {
     #[arg(long, env = "LAKEMOUNT_CA_BUNDLE", value_name = "FILE")]
     pub ca_bundle: Option<PathBuf>,
 
-    /// Mount options, comma-separated: allow_other, ro, uid=N, gid=N,
+    /// Mount options, comma-separated: allow_other, ro, rw, uid=N, gid=N,
     /// file_mode=OCTAL, dir_mode=OCTAL.
     #[arg(short = 'o', value_name = "OPTIONS", value_delimiter = ',')]
     pub options: Vec<String>,
@@ -107,9 +107,16 @@ pub struct MountArgs {
     /// Directory permission bits, octal, e.g. 755 [mount.dir_mode].
     #[arg(long, value_parser = parse_octal)]
     pub dir_mode: Option<u16>,
-    /// Read-only mount (the only mode for now; accepted for clarity) [mount.read_only].
-    #[arg(long)]
+    /// Read-only mount, the default [mount.read_only].
+    #[arg(long, conflicts_with = "read_write")]
     pub read_only: bool,
+    /// Writable mount: files written are staged on local disk and uploaded
+    /// after close; fsync waits for S3 [mount.read_only = false].
+    #[arg(long)]
+    pub read_write: bool,
+    /// Staging directory of a writable mount [write.staging_dir].
+    #[arg(long, env = "LAKEMOUNT_STAGING_DIR", value_name = "DIR")]
+    pub staging_dir: Option<PathBuf>,
 
     /// Listing/attribute TTL in seconds; 0 lists on every lookup [metadata.ttl_secs].
     #[arg(long, env = "LAKEMOUNT_METADATA_TTL", value_name = "SECS")]
@@ -218,6 +225,7 @@ impl MountArgs {
             match opt.split_once('=') {
                 None if opt == "allow_other" => m.allow_other = true,
                 None if opt == "ro" => m.read_only = true,
+                None if opt == "rw" => m.read_only = false,
                 Some(("uid", v)) => {
                     m.uid = Some(v.parse().map_err(|_| invalid(format!("uid={v}")))?)
                 }
@@ -228,7 +236,7 @@ impl MountArgs {
                 Some(("dir_mode", v)) => m.dir_mode = parse_octal(v).map_err(invalid)?,
                 _ => {
                     return Err(invalid(format!(
-                        "unknown option {opt:?}; accepted: allow_other, ro, uid=N, gid=N, \
+                        "unknown option {opt:?}; accepted: allow_other, ro, rw, uid=N, gid=N, \
                          file_mode=OCTAL, dir_mode=OCTAL"
                     )));
                 }
@@ -245,6 +253,16 @@ impl MountArgs {
         }
         if self.read_only {
             m.read_only = true;
+        }
+        if self.read_write {
+            m.read_only = false;
+        }
+        if let Some(dir) = &self.staging_dir {
+            c.write.staging_dir =
+                Some(std::path::absolute(dir).map_err(|e| ConfigError::Invalid {
+                    key: "write.staging_dir",
+                    message: format!("{}: {e}", dir.display()),
+                })?);
         }
         if let Some(v) = self.metadata_ttl {
             c.metadata.ttl_secs = v;

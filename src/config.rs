@@ -12,6 +12,7 @@ use crate::fs::MountConfig;
 use crate::meta::MetaConfig;
 use crate::read::ReadConfig;
 use crate::store::s3::S3Config;
+use crate::write::WriteConfig;
 
 /// Logging and metrics (`[telemetry]` in the config file).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -47,6 +48,8 @@ pub struct Config {
     pub read: ReadConfig,
     /// Data cache (memory and local disk).
     pub cache: CacheConfig,
+    /// Writes (staging, uploads) of a writable mount.
+    pub write: WriteConfig,
     /// Logging and metrics.
     pub telemetry: TelemetryConfig,
 }
@@ -261,10 +264,41 @@ impl Config {
                 ),
             );
         }
-        if !m.read_only {
+        let w = &self.write;
+        if !(crate::store::MIN_PART_SIZE..=crate::store::MAX_PART_SIZE).contains(&w.part_size) {
             return bad(
-                "mount.read_only",
-                "false; only read-only mounts exist for now".into(),
+                "write.part_size",
+                format!(
+                    "{}; accepted: {} (S3's smallest part) to {} bytes",
+                    w.part_size,
+                    crate::store::MIN_PART_SIZE,
+                    crate::store::MAX_PART_SIZE
+                ),
+            );
+        }
+        if w.upload_memory < w.part_size {
+            return bad(
+                "write.upload_memory",
+                format!(
+                    "{} is below write.part_size ({}); accepted: at least one part",
+                    w.upload_memory, w.part_size
+                ),
+            );
+        }
+        seconds("write.upload_delay_secs", w.upload_delay_secs, 0.0, 3600.0)?;
+        seconds("write.retry_secs", w.retry_secs, MIN_TIMEOUT_SECS, 3600.0)?;
+        seconds(
+            "write.shutdown_wait_secs",
+            w.shutdown_wait_secs,
+            0.0,
+            MAX_TIMEOUT_SECS,
+        )?;
+        if let Some(dir) = &w.staging_dir
+            && !dir.is_absolute()
+        {
+            return bad(
+                "write.staging_dir",
+                format!("{}; accepted: an absolute path", dir.display()),
             );
         }
         if m.fuse_threads == 0 || m.fuse_threads > 64 {
@@ -491,12 +525,14 @@ mod tests {
         assert!(msg.contains("read.max_concurrent_gets"), "{msg}");
         let mut c = Config::default();
         c.mount.read_only = false;
-        assert!(
-            c.validate()
-                .unwrap_err()
-                .to_string()
-                .contains("mount.read_only")
-        );
+        c.validate().unwrap();
+        c.write.part_size = 1 << 20;
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(msg.contains("write.part_size"), "{msg}");
+        let mut c = Config::default();
+        c.write.staging_dir = Some("relative/dir".into());
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(msg.contains("write.staging_dir"), "{msg}");
         // `file_mode = 644` in TOML is decimal: refused, not turned into 0o1204.
         let c = Config::from_toml("[mount]\nfile_mode = 644\n", "x.toml").unwrap();
         let msg = c.validate().unwrap_err().to_string();

@@ -58,6 +58,7 @@ use index::{Index, Obj, alloc_size};
 use pack::Packer;
 
 mod evict;
+pub use evict::statvfs;
 mod index;
 mod pack;
 

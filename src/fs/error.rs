@@ -32,6 +32,32 @@ pub enum FsError {
     /// version's inode. Expected, so logged at debug level.
     #[error("object replaced by a new version; look it up again")]
     Superseded,
+    /// A directory to remove or replace is not empty.
+    #[error("directory not empty")]
+    NotEmpty,
+    /// The name exists already (mkdir, rename with RENAME_NOREPLACE).
+    #[error("file exists")]
+    Exists,
+    /// Staging is full (`write.staging_max_size`) or its disk is.
+    #[error("no space left in staging: {0}")]
+    NoSpace(String),
+    /// A rename lakemount cannot do in place (an object larger than one
+    /// CopyObject, 5 GiB): EXDEV, on which `mv` copies and unlinks.
+    #[error("cannot rename in place: {0}")]
+    CrossDevice(String),
+    /// An argument the operation does not take (EINVAL).
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    /// The file is open with FUSE passthrough and cannot be opened for
+    /// writing meanwhile (ETXTBSY).
+    #[error("file busy: open by passthrough readers")]
+    Busy,
+    /// Local disk I/O of staging failed (its errno).
+    #[error("staging I/O: {1}")]
+    Local(i32, String),
+    /// An upload failed after its retries (EIO); the file stays staged.
+    #[error("upload failed: {0}")]
+    Upload(String),
     /// No such extended attribute.
     #[error("no such attribute")]
     NoAttr,
@@ -53,6 +79,14 @@ impl FsError {
             FsError::BadHandle => libc::EBADF,
             FsError::Stale | FsError::Superseded => libc::ESTALE,
             FsError::NoAttr => libc::ENODATA,
+            FsError::NotEmpty => libc::ENOTEMPTY,
+            FsError::Exists => libc::EEXIST,
+            FsError::NoSpace(_) => libc::ENOSPC,
+            FsError::CrossDevice(_) => libc::EXDEV,
+            FsError::Invalid(_) => libc::EINVAL,
+            FsError::Busy => libc::ETXTBSY,
+            FsError::Local(e, _) => *e,
+            FsError::Upload(_) => libc::EIO,
             FsError::Store(e) => match e {
                 StoreError::NotFound => libc::ENOENT,
                 StoreError::PreconditionFailed => libc::ESTALE,
@@ -71,7 +105,24 @@ impl FsError {
     /// Whether this is an expected answer (ENOENT, EISDIR, ...) rather than a
     /// fault worth a warning in the log.
     pub fn is_expected(&self) -> bool {
-        !matches!(self, FsError::Store(_) | FsError::Stale)
+        !matches!(
+            self,
+            FsError::Store(_) | FsError::Stale | FsError::Local(..) | FsError::Upload(_)
+        )
+    }
+}
+
+impl From<crate::write::WriteError> for FsError {
+    fn from(e: crate::write::WriteError) -> Self {
+        use crate::write::WriteError as W;
+        match e {
+            W::Full(f) => FsError::NoSpace(f.to_string()),
+            W::Io(io) if io.raw_os_error() == Some(libc::ENOSPC) => {
+                FsError::NoSpace(io.to_string())
+            }
+            W::Io(io) => FsError::Local(io.raw_os_error().unwrap_or(libc::EIO), io.to_string()),
+            W::Upload(m) => FsError::Upload(m),
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! returning `Result<T, FsError>`. Knows nothing of fuser: `fuse/` adapts.
 
 pub mod error;
+mod write;
 
 use crate::cache::{Backing, Cache};
 use std::collections::HashMap;
@@ -20,7 +21,8 @@ use crate::meta::names::{BadName, check_name};
 use crate::meta::{Attr, DirListing, EntryKind, Meta, MetaConfig, ROOT_INO};
 use crate::read::small::{SmallPrefetch, Taken};
 use crate::read::{MemoryBudget, ReadConfig, Reader};
-use crate::store::ObjectStore;
+use crate::store::{ObjectStore, WriteStore};
+use crate::write::Writes;
 
 /// Ownership, permissions and FUSE session settings (`[mount]` in the config file).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -30,13 +32,15 @@ pub struct MountConfig {
     pub uid: Option<u32>,
     /// Group of every file and directory. `None`: the group of who mounts.
     pub gid: Option<u32>,
-    /// Permission bits of files (write bits are shown but writes get EROFS).
+    /// Permission bits of files (on a read-only mount write bits are shown
+    /// but writes get EROFS).
     pub file_mode: u16,
     /// Permission bits of directories.
     pub dir_mode: u16,
     /// Let users other than the mounting one access the mount (`-o allow_other`).
     pub allow_other: bool,
-    /// Read-only mount; the only mode for now, so `false` is refused.
+    /// Read-only mount (the default). `false`: files and directories can be
+    /// created, written, renamed and removed ([`crate::write`]).
     pub read_only: bool,
     /// Threads reading FUSE requests from the kernel. Each only decodes a
     /// request and hands it to the async runtime, so a few suffice.
@@ -103,6 +107,9 @@ pub struct Opened {
     /// since it was checked: its local file, for FUSE passthrough. The object
     /// stays pinned in the cache while this value lives.
     pub backing: Option<Backing>,
+    /// A staged file (written on this mount): read and written through
+    /// lakemount, never passthrough or direct I/O, no page cache kept.
+    pub local: bool,
 }
 
 struct DirHandle {
@@ -138,6 +145,10 @@ pub struct Fs<S> {
     /// Directory mtime: the mount time.
     mounted_at: SystemTime,
     files: Mutex<HashMap<u64, OpenFile<S>>>,
+    /// The write path; `None` on a read-only mount.
+    writes: Option<Arc<Writes<S>>>,
+    /// Open handles of staged files (written on this mount).
+    local_files: Mutex<HashMap<u64, write::LocalHandle>>,
     dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
     next_fh: AtomicU64,
 }
@@ -153,7 +164,7 @@ pub const XATTR_CACHE_LIMIT: &str = "user.lakemount.cache_limit";
 /// `.` and `..` take offsets 1 and 2; entry `i` of a listing takes `i + 3`.
 const FIRST_ENTRY_OFFSET: u64 = 3;
 
-impl<S: ObjectStore> Fs<S> {
+impl<S: ObjectStore + WriteStore> Fs<S> {
     /// A file system over `store` rooted at `root_prefix` (`""` or ending in `/`).
     pub fn new(
         store: Arc<S>,
@@ -178,6 +189,8 @@ impl<S: ObjectStore> Fs<S> {
             dir_mode: mount.dir_mode & 0o7777,
             mounted_at: SystemTime::now(),
             files: Mutex::new(HashMap::new()),
+            writes: None,
+            local_files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
         }
@@ -267,6 +280,9 @@ impl<S: ObjectStore> Fs<S> {
             Err(BadName::TooLong) => return Err(FsError::NameTooLong),
             Err(_) => return Err(FsError::NotFound),
         }
+        if let Some(local) = self.lookup_local(parent, &dir, name) {
+            return local;
+        }
         let entry = self
             .meta
             .find(&dir.key, name)
@@ -289,6 +305,9 @@ impl<S: ObjectStore> Fs<S> {
 
     async fn fresh_attr(&self, ino: u64) -> Result<Attr, FsError> {
         let attr = self.meta.inodes.get(ino).ok_or(FsError::NotFound)?;
+        if let Some(staged) = self.staged_attr(&attr) {
+            return Ok(staged);
+        }
         if attr.kind == EntryKind::Dir || attr.validated.elapsed() < self.meta.config().ttl() {
             return Ok(attr);
         }
@@ -349,10 +368,22 @@ impl<S: ObjectStore> Fs<S> {
         self.meta.inodes.forget(ino, n);
     }
 
-    /// Opens a file for reading, pinned to the ETag current now. With
-    /// `passthrough`, also looks for the whole object in the data cache
-    /// ([`Opened::backing`]). Errors: EISDIR, ENOENT, EROFS for a write open.
-    pub async fn open(&self, ino: u64, write: bool, passthrough: bool) -> Result<Opened, FsError> {
+    /// Opens a file. For reading an object: pinned to the ETag current now;
+    /// with `passthrough`, also looks for the whole object in the data
+    /// cache ([`Opened::backing`]). On a writable mount a staged file, or
+    /// any file opened with `write` (O_WRONLY, O_RDWR, O_APPEND), is opened
+    /// in staging (emptied with `truncate`, O_TRUNC). Errors: EISDIR,
+    /// ENOENT, EROFS for a write open of a read-only mount, ENOSPC.
+    pub async fn open(
+        &self,
+        ino: u64,
+        write: bool,
+        truncate: bool,
+        passthrough: bool,
+    ) -> Result<Opened, FsError> {
+        if let Some(local) = self.open_local(ino, write, truncate).await {
+            return local;
+        }
         if write {
             return Err(FsError::ReadOnly);
         }
@@ -382,11 +413,23 @@ impl<S: ObjectStore> Fs<S> {
         passthrough: bool,
     ) -> Option<Result<Opened, FsError>> {
         if write {
-            return Some(Err(FsError::ReadOnly));
+            return if self.writable() {
+                None
+            } else {
+                Some(Err(FsError::ReadOnly))
+            };
         }
         let attr = match self.meta.inodes.get(ino) {
             None => return Some(Err(FsError::NotFound)),
             Some(a) if a.kind == EntryKind::Dir => return Some(Err(FsError::IsDir)),
+            Some(a)
+                if self
+                    .writes
+                    .as_ref()
+                    .is_some_and(|w| w.staged(&a.key).is_some()) =>
+            {
+                return None;
+            }
             Some(a) if a.validated.elapsed() < self.meta.config().ttl() => a,
             Some(_) => return None,
         };
@@ -449,6 +492,7 @@ impl<S: ObjectStore> Fs<S> {
             keep_cache,
             size: attr.size,
             backing,
+            local: false,
         }
     }
 
@@ -494,6 +538,9 @@ impl<S: ObjectStore> Fs<S> {
         // Dropped after the lock: dropping a reader frees its parts, which
         // session threads starting reads should not wait behind.
         let reader = self.files.lock().unwrap().remove(&fh);
+        if reader.is_none() {
+            self.release_local(fh);
+        }
         drop(reader);
     }
 
@@ -501,7 +548,7 @@ impl<S: ObjectStore> Fs<S> {
     /// handle reads, so offsets stay valid across rewind and seekdir.
     pub async fn opendir(&self, ino: u64) -> Result<u64, FsError> {
         let dir = self.dir_attr(ino)?;
-        let listing = self.meta.listing(&dir.key).await?;
+        let listing = self.merge_local(&dir.key, self.meta.listing(&dir.key).await?);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.dirs.lock().unwrap().insert(
             fh,

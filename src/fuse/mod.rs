@@ -12,16 +12,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fuser::{
-    BackingId, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
-    IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
-    ReplyXattr, Request,
+    BackingId, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation,
+    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use tracing::{debug, info, warn};
 
 use crate::fs::{Fs, FsError, Stat};
 use crate::meta::EntryKind;
-use crate::store::ObjectStore;
+use crate::store::{ObjectStore, WriteStore};
 use crate::telemetry::metrics as m;
 
 /// Largest read-ahead the kernel is asked for, bytes. The kernel caps it at its
@@ -117,7 +117,7 @@ pub struct FuseFs<S> {
     direct_io_min_size: u64,
 }
 
-impl<S: ObjectStore> FuseFs<S> {
+impl<S: ObjectStore + WriteStore> FuseFs<S> {
     /// Serves `fs`, running every request on `rt`. With `passthrough`, fully
     /// cached files are served by FUSE passthrough when the kernel allows it.
     /// Files of at least `direct_io_min_size` bytes (0: none) bypass the page
@@ -161,6 +161,18 @@ impl<S: ObjectStore> FuseFs<S> {
             },
             flags: 0,
         }
+    }
+}
+
+impl<S> FuseFs<S> {
+    /// Whether `ino` has FUSE passthrough opens now.
+    fn passthrough_open(&self, ino: u64) -> bool {
+        self.io
+            .lock()
+            .unwrap()
+            .inodes
+            .get(&ino)
+            .is_some_and(|e| e.passthrough > 0)
     }
 }
 
@@ -252,7 +264,7 @@ fn open_reply(
     let e = st.inodes.entry(ino).or_default();
     let mut shared = None;
     let mode = match (o.backing, &e.backing) {
-        _ if e.daemon > 0 => IoMode::Daemon,
+        _ if e.daemon > 0 || o.local => IoMode::Daemon,
         (_, Some(b)) => {
             shared = Some(b.id.clone());
             IoMode::Passthrough
@@ -288,7 +300,7 @@ fn open_reply(
         }
         _ => {
             let mut flags = FopenFlags::empty();
-            if is_direct_io(direct_io_min_size, o.size) {
+            if !o.local && is_direct_io(direct_io_min_size, o.size) {
                 metrics::counter!(m::FUSE_DIRECT_IO_OPENS).increment(1);
                 flags |= FopenFlags::FOPEN_DIRECT_IO;
             }
@@ -323,7 +335,7 @@ fn backing_failed(err: &std::io::Error, passthrough: &AtomicBool) {
     }
 }
 
-impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
+impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_readahead(MAX_READAHEAD);
         let _ = config.set_max_background(MAX_BACKGROUND);
@@ -412,6 +424,12 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         requested("open");
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
+        let truncate = flags.0 & libc::O_TRUNC != 0;
+        if write && self.passthrough_open(ino.0) {
+            // The kernel would fail the open of a staged file (read through
+            // lakemount) while passthrough opens of the inode exist.
+            return reply.error(errno("open", &FsError::Busy));
+        }
         // Answered here, on the session thread, when the attributes are
         // fresh (no listing to wait for): a loader opens each small file
         // once, and a hop to the runtime and back was most of an open's cost.
@@ -436,7 +454,7 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         let direct = self.direct_io_min_size;
         self.rt.spawn(async move {
             let want = passthrough.load(Ordering::Relaxed);
-            match fs.open(ino.0, write, want).await {
+            match fs.open(ino.0, write, truncate, want).await {
                 Ok(o) => open_reply(reply, ino.0, o, &io, &passthrough, direct),
                 Err(e) => reply.error(errno("open", &e)),
             }
@@ -459,6 +477,9 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         // read ahead (the usual case of a sequential reader) the reply goes
         // out at once, without waking a runtime thread; otherwise a task
         // waits for them.
+        if let Some(r) = self.fs.read_local(fh.0, offset, size) {
+            return read_reply(reply, r);
+        }
         let _rt = self.rt.enter();
         let pending = match self.fs.begin_read(fh.0, offset, size) {
             Ok(p) => p,
@@ -483,6 +504,8 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
         reply: ReplyEmpty,
     ) {
         requested("release");
+        // The last writer's close queues an upload task.
+        let _rt = self.rt.enter();
         self.fs.release(fh.0);
         let mut io = self.io.lock().unwrap();
         if let Some((ino, mode)) = io.handles.remove(&fh.0)
@@ -648,6 +671,202 @@ impl<S: ObjectStore> fuser::Filesystem for FuseFs<S> {
             buf.push(0);
         }
         xattr_reply(reply, &buf, size);
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        requested("create");
+        let fs = self.fs.clone();
+        let name = name.to_owned();
+        let io = self.io.clone();
+        self.rt.spawn(async move {
+            match fs.create(parent.0, &name).await {
+                Ok((stat, o)) => {
+                    let mut st = io.lock().unwrap();
+                    st.inodes.entry(stat.ino).or_default().daemon += 1;
+                    st.handles.insert(o.fh, (stat.ino, IoMode::Daemon));
+                    drop(st);
+                    reply.created(
+                        &fs.kernel_ttl(),
+                        &Self::attr(&stat, 0),
+                        Generation(0),
+                        FileHandle(o.fh),
+                        FopenFlags::empty(),
+                    )
+                }
+                Err(e) => reply.error(errno("create", &e)),
+            }
+        });
+    }
+
+    /// Written on the session thread: a write is one pwrite to staging on
+    /// local disk, cheaper than a hop to the runtime.
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        requested("write");
+        match self.fs.write(fh.0, offset, data) {
+            Ok(n) => {
+                metrics::counter!(m::FUSE_WRITE_BYTES).increment(n as u64);
+                reply.written(n)
+            }
+            Err(e) => reply.error(errno("write", &e)),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        requested("fsync");
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.fsync(fh.0).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno("fsync", &e)),
+            }
+        });
+    }
+
+    /// Directories hold nothing to sync: every change is in S3 or staging
+    /// as soon as it is answered.
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<std::time::SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        requested("setattr");
+        if !self.fs.writable() {
+            return reply.error(errno("setattr", &FsError::ReadOnly));
+        }
+        if size.is_some() && self.passthrough_open(ino.0) {
+            return reply.error(errno("setattr", &FsError::Busy));
+        }
+        let mtime = mtime.map(|t| match t {
+            TimeOrNow::SpecificTime(t) => t,
+            TimeOrNow::Now => std::time::SystemTime::now(),
+        });
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.setattr(ino.0, size, mtime).await {
+                Ok(stat) => reply.attr(&fs.kernel_ttl(), &Self::attr(&stat, 0)),
+                Err(e) => reply.error(errno("setattr", &e)),
+            }
+        });
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        requested("mkdir");
+        let fs = self.fs.clone();
+        let name = name.to_owned();
+        self.rt.spawn(async move {
+            match fs.mkdir(parent.0, &name).await {
+                Ok(stat) => reply.entry(&fs.kernel_ttl(), &Self::attr(&stat, 0), Generation(0)),
+                Err(e) => reply.error(errno("mkdir", &e)),
+            }
+        });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        requested("unlink");
+        let fs = self.fs.clone();
+        let name = name.to_owned();
+        self.rt.spawn(async move {
+            match fs.unlink(parent.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno("unlink", &e)),
+            }
+        });
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        requested("rmdir");
+        let fs = self.fs.clone();
+        let name = name.to_owned();
+        self.rt.spawn(async move {
+            match fs.rmdir(parent.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno("rmdir", &e)),
+            }
+        });
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        requested("rename");
+        let fs = self.fs.clone();
+        let (name, newname) = (name.to_owned(), newname.to_owned());
+        self.rt.spawn(async move {
+            match fs
+                .rename(parent.0, &name, newparent.0, &newname, flags.bits())
+                .await
+            {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno("rename", &e)),
+            }
+        });
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -228,6 +228,74 @@ impl InodeTable {
         Some(inode.attr.clone())
     }
 
+    /// Sets file `ino`'s size, ETag and mtime (written on this mount: staged,
+    /// or just uploaded), confirmed now. `None`: the kernel forgot `ino`.
+    pub fn set_file(&self, ino: u64, size: u64, etag: &str, mtime: SystemTime) -> Option<Attr> {
+        let mut t = self.table.lock().unwrap();
+        let i = t.inodes.get_mut(&ino)?;
+        i.attr.size = size;
+        i.attr.etag = etag.to_string();
+        i.attr.mtime = Some(mtime);
+        i.attr.validated = Instant::now();
+        i.superseded = false;
+        Some(i.attr.clone())
+    }
+
+    /// The name `name` of `parent` is gone (unlink, rmdir): the next entry
+    /// of that name gets a new inode; open handles of the old one keep it.
+    pub fn unlink(&self, parent: u64, name: &str) {
+        let mut t = self.table.lock().unwrap();
+        if let Some(ino) = t.children.remove(&(parent, name.to_string()))
+            && let Some(i) = t.inodes.get_mut(&ino)
+        {
+            i.superseded = true;
+        }
+    }
+
+    /// Moves child `name` of `parent` to `new_name` of `new_parent`, whose
+    /// prefix is `new_prefix`; a directory's descendants get their new keys
+    /// too. An inode at the target name is unlinked first.
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &str,
+        new_parent: u64,
+        new_name: &str,
+        new_prefix: &str,
+    ) {
+        let mut t = self.table.lock().unwrap();
+        let Some(ino) = t.children.remove(&(parent, name.to_string())) else {
+            return;
+        };
+        if let Some(old) = t.children.insert((new_parent, new_name.to_string()), ino)
+            && old != ino
+            && let Some(i) = t.inodes.get_mut(&old)
+        {
+            i.superseded = true;
+        }
+        let Some(i) = t.inodes.get_mut(&ino) else {
+            return;
+        };
+        let old_key = i.attr.key.clone();
+        i.parent = new_parent;
+        i.name = new_name.to_string();
+        i.attr.parent_prefix = new_prefix.to_string();
+        i.attr.key = match i.attr.kind {
+            EntryKind::File => format!("{new_prefix}{new_name}"),
+            EntryKind::Dir => format!("{new_prefix}{new_name}/"),
+        };
+        if i.attr.kind == EntryKind::Dir {
+            let new_key = i.attr.key.clone();
+            for d in t.inodes.values_mut() {
+                if d.attr.ino != ino && d.attr.key.starts_with(&old_key) {
+                    d.attr.key = format!("{new_key}{}", &d.attr.key[old_key.len()..]);
+                    d.attr.parent_prefix =
+                        format!("{new_key}{}", &d.attr.parent_prefix[old_key.len()..]);
+                }
+            }
+        }
+    }
+
     /// Notes that the kernel page cache of `ino` now holds data of `etag`;
     /// returns true when it already did (the open may keep the page cache).
     pub fn swap_cached_etag(&self, ino: u64, etag: &str) -> bool {

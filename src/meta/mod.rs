@@ -140,7 +140,8 @@ pub struct DirListing {
 }
 
 impl DirListing {
-    fn new(entries: Vec<ListedEntry>) -> Self {
+    /// A listing of `entries` (sorted by name bytes, unique), fetched now.
+    pub fn new(entries: Vec<ListedEntry>) -> Self {
         Self {
             entries,
             fetched: std::time::Instant::now(),
@@ -327,6 +328,24 @@ impl<S: ObjectStore> Meta<S> {
             );
         }
         Some(old)
+    }
+
+    /// Drops the cached listing of `prefix` and the negative entry of
+    /// `name` in it (a change made on this mount), so the next lookup lists
+    /// again.
+    pub async fn invalidate(&self, prefix: &str, name: &str) {
+        self.listings.invalidate(prefix).await;
+        self.last_good.invalidate(prefix);
+        self.negative
+            .invalidate(&(prefix.to_string(), name.to_string()));
+    }
+
+    /// Drops every cached listing and negative entry (a directory renamed
+    /// on this mount changes many).
+    pub fn invalidate_all(&self) {
+        self.listings.invalidate_all();
+        self.last_good.invalidate_all();
+        self.negative.invalidate_all();
     }
 
     /// Finds `name` in the directory at `prefix`. `Ok(None)`: no such entry

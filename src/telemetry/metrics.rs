@@ -38,6 +38,21 @@ pub const S3_GET_BYTES: &str = "lakemount_s3_get_bytes_total";
 /// Counter: bytes sent in PutObject and UploadPart bodies (once per
 /// request that succeeded, not per attempt).
 pub const S3_SENT_BYTES: &str = "lakemount_s3_sent_bytes_total";
+/// Gauge: files in staging on a writable mount (written, not yet handed
+/// over to S3).
+pub const WRITE_STAGED_FILES: &str = "lakemount_write_staged_files";
+/// Gauge: bytes staged files hold (queued for upload or uploading).
+pub const WRITE_STAGED_BYTES: &str = "lakemount_write_staged_bytes";
+/// Gauge: uploads of staged files in flight.
+pub const WRITE_UPLOADS_IN_FLIGHT: &str = "lakemount_write_uploads_in_flight";
+/// Histogram: time to upload one staged file (PutObject or the whole
+/// multipart upload), seconds.
+pub const WRITE_UPLOAD_SECONDS: &str = "lakemount_write_upload_duration_seconds";
+/// Counter: uploads of staged files that failed after the store's retries
+/// (each is logged as an error naming the file and tried again later).
+pub const WRITE_UPLOAD_FAILURES: &str = "lakemount_write_upload_failures_total";
+/// Counter: bytes taken by FUSE write requests (into staging).
+pub const FUSE_WRITE_BYTES: &str = "lakemount_fuse_write_bytes_total";
 /// Counter: bytes returned to FUSE read requests.
 pub const FUSE_READ_BYTES: &str = "lakemount_fuse_read_bytes_total";
 /// Counter: opens answered with FOPEN_DIRECT_IO (files of at least

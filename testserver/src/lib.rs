@@ -308,6 +308,23 @@ impl TestServer {
         self.inner.storage.get(bucket, key).ok().map(|o| o.data)
     }
 
+    /// Every key of `bucket`, in order (empty if the bucket is missing).
+    pub fn keys(&self, bucket: &str) -> Vec<String> {
+        self.inner
+            .storage
+            .list(bucket, "", None, None, usize::MAX)
+            .map(|p| {
+                p.entries
+                    .into_iter()
+                    .filter_map(|e| match e {
+                        storage::ListEntry::Object(k, _) => Some(k),
+                        storage::ListEntry::CommonPrefix(_) => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Quoted ETag of an object, `None` if absent.
     pub fn etag(&self, bucket: &str, key: &str) -> Option<String> {
         self.inner.storage.get(bucket, key).ok().map(|o| o.etag)

@@ -16,7 +16,14 @@
 //! rawget rand  --bucket B --keys K1,K2 --bs 4096 [--concurrency 4] [--secs 6] [--seed 1]
 //! rawget small --bucket B --prefix P [--concurrency 8] [--max-secs 10]
 //! rawget list  --bucket B --prefix P [--max-secs 20]
+//! rawget mpu   --bucket B --key K --file F [--part 8388608] [--concurrency 16]
+//! rawget wait  --bucket B --key K --size BYTES [--max-secs 600]
 //! ```
+//!
+//! `mpu` is the raw multipart-upload limit: one file uploaded as one object
+//! with fixed-size parts, `--concurrency` parts in flight. `wait` polls
+//! HeadObject until `K` exists with `--size` bytes (a write-back mount's
+//! upload finished) and prints how long that took.
 //!
 //! S3 commands take `--endpoint URL` (else `AWS_ENDPOINT_URL`) and `--region R`
 //! (else `AWS_REGION`, else `us-east-1`); credentials come from the usual AWS
@@ -61,6 +68,8 @@ fn main() {
             "rand" => rand(&opts).await,
             "small" => small(&opts).await,
             "list" => list(&opts).await,
+            "mpu" => mpu(&opts).await,
+            "wait" => wait(&opts).await,
             other => Err(format!("unknown command {other}").into()),
         }
     });
@@ -302,6 +311,109 @@ async fn client(o: &Opts) -> Result<aws_sdk_s3::Client> {
 
 fn err<E: std::error::Error>(what: &str, e: E) -> Box<dyn std::error::Error + Send + Sync> {
     format!("{what}: {}", aws_sdk_s3::error::DisplayErrorContext(e)).into()
+}
+
+/// Uploads `--file` as `--key` by one multipart upload of `--part`-byte
+/// parts, `--concurrency` in flight.
+async fn mpu(o: &Opts) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let s3 = client(o).await?;
+    let bucket = o.str("bucket")?;
+    let key = o.str("key")?;
+    let path = PathBuf::from(o.str("file")?);
+    let part = o.num("part", Some(8 << 20))?;
+    let conc = o.num("concurrency", Some(16))? as usize;
+    let file = Arc::new(std::fs::File::open(&path)?);
+    let size = file.metadata()?.len();
+    let start = Instant::now();
+    let id = s3
+        .create_multipart_upload()
+        .bucket(&bucket)
+        .key(&key)
+        .send()
+        .await
+        .map_err(|e| err("CreateMultipartUpload", e))?
+        .upload_id()
+        .ok_or("no upload id")?
+        .to_string();
+    let n = size.div_ceil(part);
+    let sem = Arc::new(tokio::sync::Semaphore::new(conc));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let permit = sem.clone().acquire_owned().await?;
+        let (s3, bucket, key, id, file) = (s3.clone(), bucket.clone(), key.clone(), id.clone(), file.clone());
+        tasks.push(tokio::spawn(async move {
+            let off = i * part;
+            let len = part.min(size - off) as usize;
+            let data = tokio::task::spawn_blocking(move || {
+                let mut buf = vec![0u8; len];
+                file.read_exact_at(&mut buf, off).map(|_| buf)
+            })
+            .await??;
+            let out = s3
+                .upload_part()
+                .bucket(&bucket)
+                .key(&key)
+                .upload_id(&id)
+                .part_number(i as i32 + 1)
+                .body(ByteStream::from(data))
+                .send()
+                .await
+                .map_err(|e| err("UploadPart", e))?;
+            drop(permit);
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(
+                aws_sdk_s3::types::CompletedPart::builder()
+                    .part_number(i as i32 + 1)
+                    .set_e_tag(out.e_tag().map(str::to_string))
+                    .build(),
+            )
+        }));
+    }
+    let mut parts = Vec::new();
+    for t in tasks {
+        parts.push(t.await??);
+    }
+    s3.complete_multipart_upload()
+        .bucket(&bucket)
+        .key(&key)
+        .upload_id(&id)
+        .multipart_upload(
+            aws_sdk_s3::types::CompletedMultipartUpload::builder()
+                .set_parts(Some(parts))
+                .build(),
+        )
+        .send()
+        .await
+        .map_err(|e| err("CompleteMultipartUpload", e))?;
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{{\"cmd\":\"mpu\",\"bytes\":{size},\"parts\":{n},\"secs\":{secs:.3},\"mb_per_s\":{:.1}}}",
+        size as f64 / secs / 1e6
+    );
+    Ok(())
+}
+
+/// Polls HeadObject of `--key` (every 20 ms) until it has `--size` bytes.
+async fn wait(o: &Opts) -> Result<()> {
+    let s3 = client(o).await?;
+    let bucket = o.str("bucket")?;
+    let key = o.str("key")?;
+    let size = o.num("size", None)? as i64;
+    let max = Duration::from_secs(o.num("max-secs", Some(600))?);
+    let start = Instant::now();
+    loop {
+        if let Ok(h) = s3.head_object().bucket(&bucket).key(&key).send().await
+            && h.content_length() == Some(size)
+        {
+            break;
+        }
+        if start.elapsed() > max {
+            return Err(format!("{key}: not {size} bytes after {max:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("{{\"cmd\":\"wait\",\"secs\":{:.3}}}", start.elapsed().as_secs_f64());
+    Ok(())
 }
 
 /// Uploads every file under `--dir` as `--prefix` + its relative path.

@@ -496,7 +496,7 @@ impl DiskCache {
 }
 
 /// (total bytes, bytes available to unprivileged users) of the file system at `p`.
-pub(super) fn statvfs(p: &Path) -> Option<(u64, u64)> {
+pub fn statvfs(p: &Path) -> Option<(u64, u64)> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
     // SAFETY: `c` is a valid NUL-terminated path; `st` is written by the call.

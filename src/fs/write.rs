@@ -1,0 +1,654 @@
+//! The operations of a writable mount over [`crate::write::Writes`]:
+//! create, open for writing, write, setattr (truncate, mtime), fsync,
+//! mkdir, unlink, rmdir, rename; and the overlay's part in lookup, getattr
+//! and readdir. Every one answers EROFS on a read-only mount.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Instant, SystemTime};
+
+use bytes::Bytes;
+
+use super::{Fs, FsError, Opened, Stat};
+use crate::meta::names::{BadName, check_name};
+use crate::meta::{Attr, DirListing, EntryKind, ListedEntry};
+use crate::store::{MAX_PART_SIZE, ObjectStore, StoreError, WriteStore};
+use crate::write::{Local, LocalChild, Staged, StagedAttr, Writes};
+
+/// An open handle of a staged file.
+pub(super) struct LocalHandle {
+    file: Arc<Staged>,
+    /// Opened for writing (counts as one of the file's writers).
+    write: bool,
+}
+
+/// Bytes copied per GET when an object is staged for an in-place change.
+const STAGE_CHUNK: u64 = 8 << 20;
+
+/// The rename(2) flags lakemount understands (`include/uapi/linux/fs.h`).
+const RENAME_NOREPLACE: u32 = 1;
+
+/// What a name is, for write operations.
+enum Found {
+    Staged,
+    Object(ListedEntry),
+    Dir,
+    Missing,
+}
+
+fn entry_of(name: &str, a: &StagedAttr) -> ListedEntry {
+    ListedEntry {
+        name: name.to_string(),
+        kind: EntryKind::File,
+        size: a.size,
+        etag: a.etag.clone(),
+        mtime: Some(a.mtime),
+    }
+}
+
+fn dir_entry(name: &str) -> ListedEntry {
+    ListedEntry {
+        name: name.to_string(),
+        kind: EntryKind::Dir,
+        size: 0,
+        etag: String::new(),
+        mtime: None,
+    }
+}
+
+/// A name a write operation may create: UTF-8, a valid path component.
+/// Errors: ENAMETOOLONG, EINVAL.
+fn new_name(name: &OsStr) -> Result<&str, FsError> {
+    let name = std::str::from_utf8(name.as_bytes())
+        .map_err(|_| FsError::Invalid("names must be UTF-8 to be S3 keys".into()))?;
+    match check_name(name) {
+        Ok(()) => Ok(name),
+        Err(BadName::TooLong) => Err(FsError::NameTooLong),
+        Err(e) => Err(FsError::Invalid(format!("{name:?}: {e:?}"))),
+    }
+}
+
+impl<S: ObjectStore + WriteStore> Fs<S> {
+    /// Turns writes on over `writes`: uploaded files become ordinary
+    /// objects (their directory listed again, their inode pointed at the
+    /// new ETag).
+    pub fn with_writes(mut self, writes: Option<Arc<Writes<S>>>) -> Self {
+        if let Some(w) = &writes {
+            let meta = self.meta.clone();
+            w.on_uploaded(move |u| {
+                let meta = meta.clone();
+                Box::pin(async move {
+                    for k in std::iter::once(&u.key).chain(&u.deleted) {
+                        let (prefix, name) = split_key(k);
+                        meta.invalidate(prefix, name).await;
+                    }
+                })
+            });
+            let meta = self.meta.clone();
+            w.on_handed_over(move |u| {
+                if let Some(ino) = u.ino
+                    && meta.inodes.get(ino).is_some_and(|a| a.key == u.key)
+                {
+                    meta.inodes
+                        .set_file(ino, u.size, &u.etag, SystemTime::now());
+                }
+            });
+        }
+        self.writes = writes;
+        self
+    }
+
+    /// Whether the mount is writable.
+    pub fn writable(&self) -> bool {
+        self.writes.is_some()
+    }
+
+    fn writes(&self) -> Result<&Arc<Writes<S>>, FsError> {
+        self.writes.as_ref().ok_or(FsError::ReadOnly)
+    }
+
+    /// Stat of a staged file as inode `ino`.
+    pub(super) fn staged_stat(&self, ino: u64, a: &StagedAttr) -> Stat {
+        Stat {
+            ino,
+            kind: EntryKind::File,
+            size: a.size,
+            blocks: a.size.div_ceil(512),
+            mtime: a.mtime,
+            perm: self.file_mode,
+            nlink: 1,
+            uid: self.uid,
+            gid: self.gid,
+        }
+    }
+
+    /// Gives staged file `f` (child `name` of `parent`) its inode.
+    fn upsert_staged(
+        &self,
+        parent: u64,
+        prefix: &str,
+        name: &str,
+        f: &Staged,
+        count: bool,
+    ) -> Stat {
+        let a = f.attr();
+        let attr =
+            self.meta
+                .inodes
+                .upsert(parent, prefix, &entry_of(name, &a), count, Instant::now());
+        f.set_ino(attr.ino);
+        self.staged_stat(attr.ino, &a)
+    }
+
+    /// The overlay's answer to a lookup of `name` in `dir`: `None` to ask
+    /// the listing.
+    pub(super) fn lookup_local(
+        &self,
+        parent: u64,
+        dir: &Attr,
+        name: &str,
+    ) -> Option<Result<Stat, FsError>> {
+        let w = self.writes.as_ref()?;
+        match w.find(&format!("{}{name}", dir.key))? {
+            Local::File(f) => Some(Ok(self.upsert_staged(parent, &dir.key, name, &f, true))),
+            Local::Dir => Some(Ok(self.stat(&self.meta.inodes.upsert(
+                parent,
+                &dir.key,
+                &dir_entry(name),
+                true,
+                Instant::now(),
+            )))),
+            Local::Hidden => Some(Err(FsError::NotFound)),
+        }
+    }
+
+    /// `attr` as the staged file at its key shows it now, when `attr` is
+    /// that staged file's inode.
+    pub(super) fn staged_attr(&self, attr: &Attr) -> Option<Attr> {
+        let f = self.writes.as_ref()?.staged(&attr.key)?;
+        let a = f.attr();
+        (a.etag == attr.etag).then(|| Attr {
+            size: a.size,
+            mtime: Some(a.mtime),
+            validated: Instant::now(),
+            ..attr.clone()
+        })
+    }
+
+    /// The directory listing `listing` of `prefix` with this mount's
+    /// changes: staged files and new directories added, removed names left
+    /// out. The same `Arc` when nothing here changed under `prefix`.
+    pub(super) fn merge_local(&self, prefix: &str, listing: Arc<DirListing>) -> Arc<DirListing> {
+        let Some(w) = &self.writes else {
+            return listing;
+        };
+        let (local, hidden) = w.children(prefix);
+        if local.is_empty() && hidden.is_empty() {
+            return listing;
+        }
+        let mut entries: std::collections::BTreeMap<String, ListedEntry> = listing
+            .entries
+            .iter()
+            .filter(|e| !hidden.contains(&e.name))
+            .map(|e| (e.name.clone(), e.clone()))
+            .collect();
+        for (name, c) in local {
+            let e = match &c {
+                LocalChild::File(a) => entry_of(&name, a),
+                LocalChild::Dir => dir_entry(&name),
+            };
+            entries.insert(name, e);
+        }
+        Arc::new(DirListing::new(entries.into_values().collect()))
+    }
+
+    /// What `name` in directory `dir` is now: staged, an object, a
+    /// directory, or nothing.
+    async fn resolve(&self, dir: &Attr, name: &str) -> Result<Found, FsError> {
+        let key = format!("{}{name}", dir.key);
+        match self.writes()?.find(&key) {
+            Some(Local::File(_)) => return Ok(Found::Staged),
+            Some(Local::Dir) => return Ok(Found::Dir),
+            Some(Local::Hidden) => return Ok(Found::Missing),
+            None => {}
+        }
+        Ok(match self.meta.find(&dir.key, name).await? {
+            Some(e) if e.kind == EntryKind::Dir => Found::Dir,
+            Some(e) => Found::Object(e),
+            None => Found::Missing,
+        })
+    }
+
+    fn new_local_handle(&self, file: Arc<Staged>, write: bool) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.local_files
+            .lock()
+            .unwrap()
+            .insert(fh, LocalHandle { file, write });
+        fh
+    }
+
+    fn local_opened(&self, fh: u64, size: u64) -> Opened {
+        Opened {
+            fh,
+            keep_cache: false,
+            size,
+            backing: None,
+            local: true,
+        }
+    }
+
+    /// Creates and opens file `name` in `parent` (open with O_CREAT of a
+    /// missing name): its stat and handle. An object of that name (a stale
+    /// negative entry) is replaced. Errors: EROFS, EISDIR, ENAMETOOLONG,
+    /// EINVAL, ENOSPC, local disk.
+    pub async fn create(&self, parent: u64, name: &OsStr) -> Result<(Stat, Opened), FsError> {
+        let w = self.writes()?.clone();
+        let dir = self.dir_attr(parent)?;
+        let name = new_name(name)?;
+        let in_s3 = match self.resolve(&dir, name).await? {
+            Found::Dir => return Err(FsError::IsDir),
+            Found::Object(_) => true,
+            Found::Staged | Found::Missing => false,
+        };
+        let f = w.create(&format!("{}{name}", dir.key), in_s3)?;
+        let stat = self.upsert_staged(parent, &dir.key, name, &f, true);
+        let fh = self.new_local_handle(f, true);
+        Ok((stat, self.local_opened(fh, 0)))
+    }
+
+    /// Opens `ino` on a writable mount when it is staged or `write` is
+    /// asked (O_WRONLY, O_RDWR, O_TRUNC, O_APPEND): `None` for a read of an
+    /// object, which the read path opens. An object opened for writing is
+    /// staged whole first (emptied instead with `truncate`).
+    /// Errors: EISDIR, ENOENT, ENOSPC, the store's.
+    pub(super) async fn open_local(
+        &self,
+        ino: u64,
+        write: bool,
+        truncate: bool,
+    ) -> Option<Result<Opened, FsError>> {
+        let w = self.writes.as_ref()?;
+        let attr = match self.meta.inodes.get(ino) {
+            None => return Some(Err(FsError::NotFound)),
+            Some(a) if a.kind == EntryKind::Dir => return Some(Err(FsError::IsDir)),
+            Some(a) => a,
+        };
+        if let Some(f) = w.staged(&attr.key) {
+            if !write {
+                let size = f.attr().size;
+                return Some(Ok(self.local_opened(self.new_local_handle(f, false), size)));
+            }
+            match w.open_writer(&f, truncate) {
+                Some(Ok(())) => {
+                    let size = f.attr().size;
+                    return Some(Ok(self.local_opened(self.new_local_handle(f, true), size)));
+                }
+                Some(Err(e)) => return Some(Err(e.into())),
+                None => {} // Uploaded meanwhile: an object now.
+            }
+        }
+        if !write {
+            return None;
+        }
+        Some(self.stage_object(ino, &attr, truncate).await)
+    }
+
+    /// Stages object `attr` (inode `ino`) for writing: empty with
+    /// `truncate`, else its bytes copied in by ranged GETs pinned to its ETag.
+    async fn stage_object(&self, ino: u64, attr: &Attr, truncate: bool) -> Result<Opened, FsError> {
+        let w = self.writes()?;
+        let attr = if truncate {
+            attr.clone()
+        } else {
+            self.fresh_attr(ino).await?
+        };
+        let f = w.create(&attr.key, true)?;
+        if !truncate {
+            let mut off = 0;
+            while off < attr.size {
+                let end = (off + STAGE_CHUNK).min(attr.size);
+                let got = match &self.cache {
+                    Some(c) => c
+                        .get_range(&*self.store, &attr.key, &attr.etag, attr.size, off..end)
+                        .await
+                        .map(|segs| segs.slice(0, segs.len())),
+                    None => self.store.get_range(&attr.key, off..end, &attr.etag).await,
+                };
+                let res = got
+                    .map_err(|e| match e {
+                        StoreError::NotFound => FsError::Stale,
+                        e => e.into(),
+                    })
+                    .and_then(|b| w.write(&f, off, &b).map_err(FsError::from));
+                if let Err(e) = res {
+                    w.unlink(&attr.key);
+                    w.close_writer(&f);
+                    return Err(e);
+                }
+                off = end;
+            }
+        }
+        let a = f.attr();
+        self.meta.inodes.set_file(ino, a.size, &a.etag, a.mtime);
+        f.set_ino(ino);
+        let fh = self.new_local_handle(f, true);
+        Ok(self.local_opened(fh, a.size))
+    }
+
+    /// Reads of a staged file's handle: `None` when `fh` is not one. Errors:
+    /// local disk.
+    pub fn read_local(&self, fh: u64, offset: u64, size: u32) -> Option<Result<Bytes, FsError>> {
+        self.writes.as_ref()?;
+        let f = self.local_files.lock().unwrap().get(&fh)?.file.clone();
+        Some(
+            f.read(offset, size)
+                .map_err(|e| FsError::Local(e.raw_os_error().unwrap_or(libc::EIO), e.to_string())),
+        )
+    }
+
+    /// Writes `data` at `offset` through handle `fh`: the bytes written.
+    /// Errors: EBADF (not open for writing), ENOSPC, local disk.
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
+        let w = self.writes()?;
+        let f = match self.local_files.lock().unwrap().get(&fh) {
+            Some(h) if h.write => h.file.clone(),
+            _ => return Err(FsError::BadHandle),
+        };
+        w.write(&f, offset, data)?;
+        Ok(data.len() as u32)
+    }
+
+    /// Closes a staged file's handle: `false` when `fh` is not one. The
+    /// last writer's close queues the upload.
+    pub(super) fn release_local(&self, fh: u64) -> bool {
+        let Some(h) = self.local_files.lock().unwrap().remove(&fh) else {
+            return false;
+        };
+        if h.write
+            && let Some(w) = &self.writes
+        {
+            w.close_writer(&h.file);
+        }
+        true
+    }
+
+    /// fsync: S3 holds the file as it is now once this returns Ok. A handle
+    /// of an object not written here has nothing to sync. Errors: EIO when
+    /// the upload failed (the file stays staged, tried again later).
+    pub async fn fsync(&self, fh: u64) -> Result<(), FsError> {
+        let Some(w) = &self.writes else {
+            return Ok(());
+        };
+        let f = match self.local_files.lock().unwrap().get(&fh) {
+            Some(h) => h.file.clone(),
+            None => return Ok(()),
+        };
+        Ok(w.fsync(&f).await?)
+    }
+
+    /// setattr: `size` truncates or extends (staging the object first when
+    /// it is not staged); `mtime` sets a staged file's time. Mode and
+    /// ownership are fixed by the mount (`mount.file_mode`, `uid`, `gid`)
+    /// and silently kept. Errors: EROFS for a size change on a read-only
+    /// mount, EISDIR, ENOSPC, the store's.
+    pub async fn setattr(
+        &self,
+        ino: u64,
+        size: Option<u64>,
+        mtime: Option<SystemTime>,
+    ) -> Result<Stat, FsError> {
+        let attr = self.meta.inodes.get(ino).ok_or(FsError::NotFound)?;
+        if let Some(size) = size {
+            if attr.kind == EntryKind::Dir {
+                return Err(FsError::IsDir);
+            }
+            let w = self.writes()?.clone();
+            match w.staged(&attr.key) {
+                Some(f) => w.truncate(&f, size)?,
+                None => {
+                    let o = self.stage_object(ino, &attr, size == 0).await?;
+                    let f = self
+                        .local_files
+                        .lock()
+                        .unwrap()
+                        .get(&o.fh)
+                        .map(|h| h.file.clone());
+                    if let Some(f) = f {
+                        let r = w.truncate(&f, size);
+                        self.release_local(o.fh);
+                        r?;
+                    }
+                }
+            }
+        }
+        if let (Some(t), Some(w)) = (mtime, &self.writes)
+            && let Some(f) = w.staged(&attr.key)
+        {
+            w.set_mtime(&f, t);
+        }
+        self.getattr(ino).await
+    }
+
+    /// Creates directory `name` in `parent`. It exists on this mount until
+    /// a file is written in it (S3 has no empty directories). Errors:
+    /// EROFS, EEXIST, ENAMETOOLONG, EINVAL.
+    pub async fn mkdir(&self, parent: u64, name: &OsStr) -> Result<Stat, FsError> {
+        let w = self.writes()?.clone();
+        let dir = self.dir_attr(parent)?;
+        let name = new_name(name)?;
+        if !matches!(self.resolve(&dir, name).await?, Found::Missing) {
+            return Err(FsError::Exists);
+        }
+        w.mkdir(&format!("{}{name}/", dir.key));
+        Ok(self.stat(&self.meta.inodes.upsert(
+            parent,
+            &dir.key,
+            &dir_entry(name),
+            true,
+            Instant::now(),
+        )))
+    }
+
+    /// Removes file `name` of `parent`: a staged file at once, an object by
+    /// DeleteObject. Errors: EROFS, ENOENT, EISDIR, the store's.
+    pub async fn unlink(&self, parent: u64, name: &OsStr) -> Result<(), FsError> {
+        let w = self.writes()?.clone();
+        let dir = self.dir_attr(parent)?;
+        let name = std::str::from_utf8(name.as_bytes()).map_err(|_| FsError::NotFound)?;
+        let key = format!("{}{name}", dir.key);
+        let delete = match self.resolve(&dir, name).await? {
+            Found::Missing => return Err(FsError::NotFound),
+            Found::Dir => return Err(FsError::IsDir),
+            Found::Staged => w.unlink(&key).unwrap_or(false),
+            Found::Object(_) => true,
+        };
+        if delete {
+            self.delete_object(&key).await?;
+        }
+        self.meta.inodes.unlink(parent, name);
+        Ok(())
+    }
+
+    /// Deletes the object at `key`, hidden from listings meanwhile.
+    async fn delete_object(&self, key: &str) -> Result<(), FsError> {
+        let w = self.writes()?;
+        w.hide(key);
+        let res = self.store.delete(key).await;
+        let (prefix, name) = split_key(key);
+        self.meta.invalidate(prefix, name).await;
+        w.unhide(key);
+        Ok(res?)
+    }
+
+    /// Removes directory `name` of `parent`, which must be empty (a
+    /// directory marker object `name/`, if any, is deleted). Errors: EROFS,
+    /// ENOENT, ENOTDIR, ENOTEMPTY, the store's.
+    pub async fn rmdir(&self, parent: u64, name: &OsStr) -> Result<(), FsError> {
+        let w = self.writes()?.clone();
+        let dir = self.dir_attr(parent)?;
+        let name = std::str::from_utf8(name.as_bytes()).map_err(|_| FsError::NotFound)?;
+        match self.resolve(&dir, name).await? {
+            Found::Dir => {}
+            Found::Missing => return Err(FsError::NotFound),
+            _ => return Err(FsError::NotDir),
+        }
+        let prefix = format!("{}{name}/", dir.key);
+        let listing = self.merge_local(&prefix, self.meta.listing(&prefix).await?);
+        if !listing.entries.is_empty() {
+            return Err(FsError::NotEmpty);
+        }
+        self.store.delete(&prefix).await?;
+        w.rmdir(&prefix);
+        self.meta.invalidate(&dir.key, name).await;
+        self.meta.inodes.unlink(parent, name);
+        Ok(())
+    }
+
+    /// Renames `name` of `parent` to `new_name` of `new_parent`, replacing
+    /// a file there. A staged file moves in staging (no S3 request); an
+    /// object is copied (CopyObject pinned to its ETag) then deleted; a
+    /// directory moves key by key. Errors: EROFS, ENOENT, EISDIR, ENOTDIR,
+    /// ENOTEMPTY, EEXIST (RENAME_NOREPLACE), EINVAL (other flags), EXDEV
+    /// (an object over 5 GiB), the store's.
+    pub async fn rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        new_parent: u64,
+        new_name_os: &OsStr,
+        flags: u32,
+    ) -> Result<(), FsError> {
+        let w = self.writes()?.clone();
+        if flags & !RENAME_NOREPLACE != 0 {
+            return Err(FsError::Invalid(format!("rename flags {flags:#x}")));
+        }
+        let (dir, new_dir) = (self.dir_attr(parent)?, self.dir_attr(new_parent)?);
+        let name = std::str::from_utf8(name.as_bytes()).map_err(|_| FsError::NotFound)?;
+        let to_name = new_name(new_name_os)?;
+        let (from, to) = (
+            format!("{}{name}", dir.key),
+            format!("{}{to_name}", new_dir.key),
+        );
+        if from == to {
+            return Ok(());
+        }
+        let src = self.resolve(&dir, name).await?;
+        let dst = self.resolve(&new_dir, to_name).await?;
+        if flags & RENAME_NOREPLACE != 0 && !matches!(dst, Found::Missing) {
+            return Err(FsError::Exists);
+        }
+        match (&src, &dst) {
+            (Found::Missing, _) => return Err(FsError::NotFound),
+            (Found::Dir, Found::Staged | Found::Object(_)) => return Err(FsError::NotDir),
+            (Found::Staged | Found::Object(_), Found::Dir) => return Err(FsError::IsDir),
+            (Found::Dir, Found::Dir) => {
+                let p = format!("{to}/");
+                if !self
+                    .merge_local(&p, self.meta.listing(&p).await?)
+                    .entries
+                    .is_empty()
+                {
+                    return Err(FsError::NotEmpty);
+                }
+            }
+            _ => {}
+        }
+        if format!("{to}/").starts_with(&format!("{from}/")) && matches!(src, Found::Dir) {
+            return Err(FsError::Invalid(
+                "a directory cannot move into itself".into(),
+            ));
+        }
+        let to_in_s3 = matches!(dst, Found::Object(_));
+        match src {
+            Found::Staged => {
+                w.rename(&from, &to, to_in_s3)?;
+            }
+            Found::Object(e) => {
+                if e.size > MAX_PART_SIZE {
+                    return Err(FsError::CrossDevice(format!(
+                        "{from:?} is over 5 GiB, past one CopyObject"
+                    )));
+                }
+                if matches!(dst, Found::Staged) {
+                    w.unlink(&to);
+                }
+                w.hide(&from);
+                let res = self.move_object(&from, &e.etag, &to).await;
+                w.unhide(&from);
+                res?;
+            }
+            Found::Dir => {
+                self.rename_dir(&w, &format!("{from}/"), &format!("{to}/"))
+                    .await?
+            }
+            Found::Missing => unreachable!("checked above"),
+        }
+        self.meta
+            .inodes
+            .rename(parent, name, new_parent, to_name, &new_dir.key);
+        Ok(())
+    }
+
+    /// CopyObject `from` (at `etag`) to `to`, then DeleteObject `from`;
+    /// both directories' listings are dropped.
+    async fn move_object(&self, from: &str, etag: &str, to: &str) -> Result<(), FsError> {
+        let res = async {
+            self.store.copy(from, etag, to).await?;
+            self.store.delete(from).await
+        }
+        .await;
+        for k in [from, to] {
+            let (prefix, name) = split_key(k);
+            self.meta.invalidate(prefix, name).await;
+        }
+        Ok(res?)
+    }
+
+    /// Moves directory `from` to `to` (prefixes ending in `/`): every
+    /// object under it by copy and delete, staged files and local
+    /// directories in staging. Checked first: no object over 5 GiB (EXDEV).
+    async fn rename_dir(&self, w: &Arc<Writes<S>>, from: &str, to: &str) -> Result<(), FsError> {
+        let mut objects = Vec::new();
+        let mut token = None;
+        loop {
+            let page = self
+                .store
+                .list_page(from, None, token, None, crate::store::MAX_KEYS_PER_PAGE)
+                .await?;
+            objects.extend(page.objects);
+            token = page.next_token;
+            if token.is_none() {
+                break;
+            }
+        }
+        if let Some(big) = objects.iter().find(|o| o.size > MAX_PART_SIZE) {
+            return Err(FsError::CrossDevice(format!(
+                "{:?} is over 5 GiB, past one CopyObject",
+                big.key
+            )));
+        }
+        for o in &objects {
+            let target = format!("{to}{}", &o.key[from.len()..]);
+            w.hide(&o.key);
+            self.store.copy(&o.key, &o.etag, &target).await?;
+        }
+        for o in &objects {
+            self.store.delete(&o.key).await?;
+            w.unhide(&o.key);
+        }
+        w.rename_dir(from, to)?;
+        self.meta.invalidate_all();
+        Ok(())
+    }
+}
+
+/// (parent prefix, name) of a key.
+fn split_key(key: &str) -> (&str, &str) {
+    match key.rfind('/') {
+        Some(i) => (&key[..=i], &key[i + 1..]),
+        None => ("", key),
+    }
+}

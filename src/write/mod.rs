@@ -1,0 +1,903 @@
+//! The write path of a writable mount: files written through the mount are
+//! staged whole on local disk ([`staging`]), visible at once on this node
+//! through an overlay of local changes that lookups and readdir consult
+//! before the listings, and uploaded in the background ([`upload`]) after
+//! their last close (or at once on fsync). docs/WRITES.md has the design.
+//!
+//! Lock order: the overlay, then one staged file's state.
+
+pub mod staging;
+pub mod upload;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+use tokio::sync::Notify;
+use tracing::{error, info, warn};
+
+use crate::cache::Size;
+use crate::store::{ObjectStore, WriteStore};
+use crate::telemetry::metrics as m;
+pub use staging::{Full, Record, Staging};
+use upload::Uploader;
+
+/// Write settings (`[write]` in the config file); used by writable mounts
+/// only (`mount.read_only = false`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WriteConfig {
+    /// Directory of staged files (local NVMe). Unset: `staging` in the
+    /// cache directory when one is configured, else
+    /// `/var/tmp/lakemount/staging/<bucket>/<prefix>`: a directory that
+    /// survives a reboot, so files not uploaded yet are found again.
+    pub staging_dir: Option<PathBuf>,
+    /// Most bytes staged files may hold together, bytes or a percentage of
+    /// the staging directory's file system; a write past it fails with
+    /// ENOSPC. Default `"20%"`: room for the checkpoints of several ranks
+    /// while the cache keeps most of a shared volume.
+    pub staging_max_size: Size,
+    /// Seconds after a file's last close before its upload starts. A
+    /// temporary file renamed within this time is uploaded only under its
+    /// final name (the temp-file-then-rename save). Default 1.
+    pub upload_delay_secs: f64,
+    /// First part size of a multipart upload, bytes; files up to this size
+    /// go in one PutObject. Parts double every 1,000 parts so 10,000 parts
+    /// hold any object S3 takes. Default 8 MiB (S3's minimum is 5 MiB).
+    pub part_size: u64,
+    /// Most bytes of part buffers in flight on the mount. Default 256 MiB:
+    /// 32 parts of 8 MiB, enough to fill a 10 Gbit/s link at 20 ms per part.
+    pub upload_memory: u64,
+    /// Seconds before a failed upload is tried again; doubled after each
+    /// failure, at most 15 minutes. Default 30.
+    pub retry_secs: f64,
+    /// At unmount, how long to wait for staged files to upload, seconds;
+    /// what is left is uploaded at the next start. Default 60: within
+    /// systemd's default stop timeout (90 s).
+    pub shutdown_wait_secs: f64,
+}
+
+impl Default for WriteConfig {
+    fn default() -> Self {
+        Self {
+            staging_dir: None,
+            staging_max_size: Size::Percent(20.0),
+            upload_delay_secs: 1.0,
+            part_size: 8 << 20,
+            upload_memory: 256 << 20,
+            retry_secs: 30.0,
+            shutdown_wait_secs: 60.0,
+        }
+    }
+}
+
+/// Longest wait between tries of a failing upload.
+const MAX_RETRY: Duration = Duration::from_secs(15 * 60);
+
+/// One staged file. Open handles, the overlay and the upload task share it;
+/// once uploaded it leaves the overlay and staging, and handles still open
+/// for reading keep reading its local file.
+pub struct Staged {
+    /// Staging id.
+    pub id: u64,
+    file: Arc<File>,
+    st: Mutex<State>,
+    /// An upload attempt ended (fsync waits on it).
+    settled: Notify,
+    /// Something changed the upload's due time (a close, a fsync).
+    wake: Notify,
+}
+
+#[derive(Debug)]
+struct State {
+    key: String,
+    size: u64,
+    mtime: SystemTime,
+    /// The inode the kernel knows this file as, once looked up.
+    ino: Option<u64>,
+    /// Handles open for writing.
+    writers: u32,
+    /// Bumped by every change (write, truncate, rename).
+    version: u64,
+    /// The version S3 holds (0: none yet), and its ETag.
+    uploaded: u64,
+    etag: String,
+    /// The version whose upload failed last, and why.
+    failed: Option<(u64, String)>,
+    /// A fsync asked for S3 to hold this version.
+    urgent: u64,
+    /// The upload is due from then (set at the last close).
+    ready_at: Option<Instant>,
+    /// An upload task runs for this file.
+    task: bool,
+    /// Unlinked, or uploaded and handed over to S3: out of the overlay.
+    gone: bool,
+    /// An object (maybe an older version) is at `key` in S3: an unlink
+    /// must delete it.
+    in_s3: bool,
+    /// Keys of objects this file replaces that must be deleted once it is
+    /// uploaded (its names before renames), hidden meanwhile.
+    stale_keys: Vec<String>,
+    /// Consecutive failed tries.
+    failures: u32,
+}
+
+/// What the file system shows of a staged file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StagedAttr {
+    /// Full object key.
+    pub key: String,
+    /// Size, bytes.
+    pub size: u64,
+    /// Last write (or `touch`).
+    pub mtime: SystemTime,
+    /// A pseudo-ETag unique to this staged file, never a real S3 ETag, so a
+    /// listing's version of the name is another inode.
+    pub etag: String,
+}
+
+impl Staged {
+    /// Attributes now.
+    pub fn attr(&self) -> StagedAttr {
+        let st = self.st.lock().unwrap();
+        StagedAttr {
+            key: st.key.clone(),
+            size: st.size,
+            mtime: st.mtime,
+            etag: staged_etag(self.id),
+        }
+    }
+
+    /// Records the inode the kernel knows this file as.
+    pub fn set_ino(&self, ino: u64) {
+        self.st.lock().unwrap().ino = Some(ino);
+    }
+
+    /// Reads up to `len` bytes at `off` (short at end of file). Errors:
+    /// local disk I/O.
+    pub fn read(&self, off: u64, len: u32) -> std::io::Result<Bytes> {
+        let size = self.st.lock().unwrap().size;
+        let n = (len as u64).min(size.saturating_sub(off)) as usize;
+        let mut buf = BytesMut::zeroed(n);
+        let mut done = 0;
+        while done < n {
+            match self.file.read_at(&mut buf[done..], off + done as u64)? {
+                0 => break,
+                k => done += k,
+            }
+        }
+        buf.truncate(done);
+        Ok(buf.freeze())
+    }
+}
+
+/// The pseudo-ETag of staged file `id`.
+pub fn staged_etag(id: u64) -> String {
+    format!("\"lakemount-staged-{id}\"")
+}
+
+/// What the overlay says about one name.
+pub enum Local {
+    /// A staged file.
+    File(Arc<Staged>),
+    /// A directory created on this mount (or holding staged files).
+    Dir,
+    /// Removed on this mount; S3 may still list it for a moment.
+    Hidden,
+}
+
+/// A child of a directory as the overlay adds it to a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LocalChild {
+    /// A staged file.
+    File(StagedAttr),
+    /// A directory.
+    Dir,
+}
+
+#[derive(Default)]
+struct Overlay {
+    /// Staged files by key.
+    files: BTreeMap<String, Arc<Staged>>,
+    /// Directories created here, by prefix (ending in `/`).
+    dirs: BTreeSet<String>,
+    /// Keys removed or renamed away here whose objects may still be listed.
+    hidden: HashSet<String>,
+}
+
+/// A staged file that S3 now holds: the file system drops its cached
+/// listing and points the inode at the new object.
+#[derive(Clone, Debug)]
+pub struct Uploaded {
+    /// The key uploaded.
+    pub key: String,
+    /// Keys deleted with it (its names before renames).
+    pub deleted: Vec<String>,
+    /// The new object's ETag and size.
+    pub etag: String,
+    /// Bytes.
+    pub size: u64,
+    /// The inode the kernel knew the file as.
+    pub ino: Option<u64>,
+}
+
+/// What an upload task does next.
+enum Step {
+    Exit,
+    Sleep(Instant),
+    Upload(String, u64, u64),
+    HandOver,
+}
+
+type OnUploaded = Box<dyn Fn(Uploaded) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+type OnHandedOver = Box<dyn Fn(&Uploaded) + Send + Sync>;
+
+/// The write path of one mount.
+pub struct Writes<S> {
+    staging: Staging,
+    up: Uploader<S>,
+    delay: Duration,
+    retry: Duration,
+    ov: Mutex<Overlay>,
+    on_uploaded: OnceLock<OnUploaded>,
+    on_handed_over: OnceLock<OnHandedOver>,
+}
+
+/// Errors of the write path, mapped to errno by the file system.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// Staging is full (ENOSPC).
+    #[error(transparent)]
+    Full(#[from] Full),
+    /// Local disk I/O failed (its errno).
+    #[error("staging: {0}")]
+    Io(#[from] std::io::Error),
+    /// The upload failed (EIO); the file stays staged.
+    #[error("upload failed: {0}")]
+    Upload(String),
+}
+
+impl<S: ObjectStore + WriteStore> Writes<S> {
+    /// The write path over `store` with staged files in `staging`.
+    pub fn new(store: Arc<S>, staging: Staging, config: &WriteConfig) -> Arc<Self> {
+        Arc::new(Self {
+            staging,
+            up: Uploader::new(store, config.part_size, config.upload_memory),
+            delay: Duration::from_secs_f64(config.upload_delay_secs.max(0.0)),
+            retry: Duration::from_secs_f64(config.retry_secs.max(0.001)),
+            ov: Mutex::new(Overlay::default()),
+            on_uploaded: OnceLock::new(),
+            on_handed_over: OnceLock::new(),
+        })
+    }
+
+    /// Sets what runs when a staged file has been uploaded, before it leaves
+    /// the overlay (so that no lookup in between finds neither): at most once.
+    pub fn on_uploaded(
+        &self,
+        f: impl Fn(Uploaded) -> futures::future::BoxFuture<'static, ()> + Send + Sync + 'static,
+    ) {
+        let _ = self.on_uploaded.set(Box::new(f));
+    }
+
+    /// Sets what runs as a staged file leaves the overlay (at most once).
+    /// It runs under the overlay's lock, so no open of the name comes in
+    /// between: it must not call back into this value.
+    pub fn on_handed_over(&self, f: impl Fn(&Uploaded) + Send + Sync + 'static) {
+        let _ = self.on_handed_over.set(Box::new(f));
+    }
+
+    /// The staging area.
+    pub fn staging(&self) -> &Staging {
+        &self.staging
+    }
+
+    /// Staged files a previous run left, queued for upload now; uploads
+    /// pending in S3 for their keys (parts of a crashed run) are aborted.
+    /// `root` is the mount prefix. Needs a tokio runtime. Returns how many
+    /// files were found.
+    pub async fn recover(self: &Arc<Self>, root: &str) -> anyhow::Result<usize> {
+        let found = self.staging.recover()?;
+        if found.is_empty() {
+            return Ok(0);
+        }
+        let keys: HashSet<String> = found.iter().map(|(_, r, _)| r.key.clone()).collect();
+        match self.up.store.list_multipart(root).await {
+            Ok(pending) => {
+                for u in pending.into_iter().filter(|u| keys.contains(&u.key)) {
+                    info!(key = %u.key.escape_debug(), upload_id = %u.upload_id,
+                        "aborting the multipart upload a previous run left; the file is uploaded again");
+                    if let Err(e) = self.up.store.abort_multipart(&u.key, &u.upload_id).await {
+                        warn!(key = %u.key.escape_debug(), "abort failed: {e}");
+                    }
+                }
+            }
+            Err(e) => warn!("listing pending multipart uploads failed: {e}"),
+        }
+        let n = found.len();
+        for (id, record, file) in found {
+            let size = file.metadata()?.len();
+            info!(key = %record.key.escape_debug(), size, "staged file of a previous run: uploading it");
+            let f = self.insert(id, record.key, file, size);
+            let mut st = f.st.lock().unwrap();
+            st.ready_at = Some(Instant::now());
+            self.ensure_task(&f, &mut st);
+        }
+        Ok(n)
+    }
+
+    /// Uploads every staged file now (delays and retry waits cut short)
+    /// and waits up to `limit` for S3 to hold them all: how many are left.
+    pub async fn upload_all(self: &Arc<Self>, limit: Duration) -> usize {
+        let files: Vec<Arc<Staged>> = self.ov.lock().unwrap().files.values().cloned().collect();
+        for f in &files {
+            let mut st = f.st.lock().unwrap();
+            st.ready_at = Some(Instant::now());
+            st.urgent = st.version;
+            self.ensure_task(f, &mut st);
+            drop(st);
+            f.wake.notify_waiters();
+        }
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = self.ov.lock().unwrap().files.len();
+            if left == 0 || Instant::now() >= deadline {
+                return left;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn insert(&self, id: u64, key: String, file: File, size: u64) -> Arc<Staged> {
+        let f = Arc::new(Staged {
+            id,
+            file: Arc::new(file),
+            st: Mutex::new(State {
+                key: key.clone(),
+                size,
+                mtime: SystemTime::now(),
+                ino: None,
+                writers: 0,
+                version: 1,
+                uploaded: 0,
+                etag: String::new(),
+                failed: None,
+                urgent: 0,
+                ready_at: None,
+                task: false,
+                gone: false,
+                in_s3: false,
+                stale_keys: Vec::new(),
+                failures: 0,
+            }),
+            settled: Notify::new(),
+            wake: Notify::new(),
+        });
+        let mut ov = self.ov.lock().unwrap();
+        ov.hidden.remove(&key);
+        if let Some(old) = ov.files.insert(key, f.clone()) {
+            self.drop_staged(&old);
+        }
+        drop(ov);
+        self.gauges();
+        f
+    }
+
+    /// Marks `old` gone and removes its staged bytes (it was replaced or
+    /// unlinked). Open handles keep reading its file.
+    fn drop_staged(&self, old: &Arc<Staged>) {
+        let mut st = old.st.lock().unwrap();
+        if !st.gone {
+            st.gone = true;
+            self.staging.remove(old.id, st.size);
+        }
+        drop(st);
+        old.wake.notify_waiters();
+        old.settled.notify_waiters();
+    }
+
+    /// What the overlay holds at `key` (a file) or `key/` (a directory).
+    pub fn find(&self, key: &str) -> Option<Local> {
+        let ov = self.ov.lock().unwrap();
+        if let Some(f) = ov.files.get(key) {
+            return Some(Local::File(f.clone()));
+        }
+        let dir = format!("{key}/");
+        if ov.dirs.contains(&dir)
+            || ov
+                .files
+                .range(dir.clone()..)
+                .next()
+                .is_some_and(|(k, _)| k.starts_with(&dir))
+        {
+            return Some(Local::Dir);
+        }
+        ov.hidden.contains(key).then_some(Local::Hidden)
+    }
+
+    /// The staged file at `key`, if any.
+    pub fn staged(&self, key: &str) -> Option<Arc<Staged>> {
+        self.ov.lock().unwrap().files.get(key).cloned()
+    }
+
+    /// Whether `key` was removed here and must not be shown from a listing.
+    pub fn is_hidden(&self, key: &str) -> bool {
+        self.ov.lock().unwrap().hidden.contains(key)
+    }
+
+    /// The overlay's direct children of directory `prefix` (`""` or ending
+    /// in `/`), by name: staged files, directories created here or holding
+    /// staged files; and the hidden names to leave out of its listing.
+    pub fn children(&self, prefix: &str) -> (BTreeMap<String, LocalChild>, HashSet<String>) {
+        let ov = self.ov.lock().unwrap();
+        let mut out = BTreeMap::new();
+        for (k, f) in ov.files.range(prefix.to_string()..) {
+            let Some(rest) = k.strip_prefix(prefix) else {
+                break;
+            };
+            match rest.split_once('/') {
+                Some((d, _)) => out.insert(d.to_string(), LocalChild::Dir),
+                None => out.insert(rest.to_string(), LocalChild::File(f.attr())),
+            };
+        }
+        for d in ov.dirs.range(prefix.to_string()..) {
+            let Some(rest) = d.strip_prefix(prefix) else {
+                break;
+            };
+            if let Some(name) = rest.strip_suffix('/')
+                && !name.is_empty()
+                && !name.contains('/')
+            {
+                out.entry(name.to_string()).or_insert(LocalChild::Dir);
+            }
+        }
+        let hidden = ov
+            .hidden
+            .iter()
+            .filter_map(|k| k.strip_prefix(prefix))
+            .filter(|n| !n.contains('/'))
+            .map(str::to_string)
+            .collect();
+        (out, hidden)
+    }
+
+    /// A new empty staged file for `key`, open for writing once (release it
+    /// with [`Self::close_writer`]). A staged file already at `key` is
+    /// replaced; so is an object at `key` (`in_s3`), by the upload.
+    /// Errors: local disk.
+    pub fn create(&self, key: &str, in_s3: bool) -> Result<Arc<Staged>, WriteError> {
+        let (id, file) = self.staging.create(key)?;
+        let f = self.insert(id, key.to_string(), file, 0);
+        let mut st = f.st.lock().unwrap();
+        st.writers = 1;
+        st.in_s3 = in_s3;
+        drop(st);
+        Ok(f)
+    }
+
+    /// A staged file for `key` holding `data` (an object opened for writing
+    /// without O_TRUNC), open for writing once. Errors: ENOSPC, local disk.
+    pub fn create_from(&self, key: &str, data: &[u8]) -> Result<Arc<Staged>, WriteError> {
+        self.staging.resize(0, data.len() as u64)?;
+        let created = self.staging.create(key).and_then(|(id, file)| {
+            file.write_all_at(data, 0)?;
+            Ok((id, file))
+        });
+        let (id, file) = match created {
+            Ok(x) => x,
+            Err(e) => {
+                self.staging.resize(data.len() as u64, 0).ok();
+                return Err(e.into());
+            }
+        };
+        let f = self.insert(id, key.to_string(), file, data.len() as u64);
+        let mut st = f.st.lock().unwrap();
+        st.writers = 1;
+        st.in_s3 = true;
+        drop(st);
+        Ok(f)
+    }
+
+    /// Opens `f` for writing once more; `truncate`: to size 0 (O_TRUNC).
+    /// `None` when it is no longer staged (uploaded meanwhile: open the
+    /// object instead).
+    pub fn open_writer(&self, f: &Arc<Staged>, truncate: bool) -> Option<Result<(), WriteError>> {
+        let ov = self.ov.lock().unwrap();
+        let mut st = f.st.lock().unwrap();
+        if st.gone {
+            return None;
+        }
+        drop(ov);
+        st.writers += 1;
+        st.ready_at = None;
+        if truncate && st.size > 0 {
+            return Some(self.set_len(f, &mut st, 0));
+        }
+        Some(Ok(()))
+    }
+
+    /// One writer of `f` closed; after the last the upload is due in
+    /// `write.upload_delay_secs`.
+    pub fn close_writer(self: &Arc<Self>, f: &Arc<Staged>) {
+        let mut st = f.st.lock().unwrap();
+        st.writers = st.writers.saturating_sub(1);
+        if st.writers == 0 && !st.gone {
+            st.ready_at = Some(Instant::now() + self.delay);
+            self.ensure_task(f, &mut st);
+            drop(st);
+            f.wake.notify_waiters();
+        }
+    }
+
+    /// Writes `data` at `off` of `f`. Errors: ENOSPC past the staging
+    /// limit, local disk I/O.
+    pub fn write(&self, f: &Staged, off: u64, data: &[u8]) -> Result<(), WriteError> {
+        let mut st = f.st.lock().unwrap();
+        let end = off + data.len() as u64;
+        if end > st.size {
+            self.staging.resize(st.size, end)?;
+        }
+        if let Err(e) = f.file.write_all_at(data, off) {
+            if end > st.size {
+                self.staging.resize(end, st.size).ok();
+            }
+            return Err(e.into());
+        }
+        st.size = st.size.max(end);
+        st.version += 1;
+        st.mtime = SystemTime::now();
+        Ok(())
+    }
+
+    /// Truncates or extends `f` to `size` bytes (a new upload is due as after
+    /// a close when no writer holds it). Errors: ENOSPC, local disk.
+    pub fn truncate(self: &Arc<Self>, f: &Arc<Staged>, size: u64) -> Result<(), WriteError> {
+        let mut st = f.st.lock().unwrap();
+        self.set_len(f, &mut st, size)?;
+        if st.writers == 0 && !st.gone {
+            st.ready_at = Some(Instant::now() + self.delay);
+            self.ensure_task(f, &mut st);
+        }
+        Ok(())
+    }
+
+    fn set_len(&self, f: &Staged, st: &mut State, size: u64) -> Result<(), WriteError> {
+        self.staging.resize(st.size, size)?;
+        if let Err(e) = f.file.set_len(size) {
+            self.staging.resize(size, st.size).ok();
+            return Err(e.into());
+        }
+        st.size = size;
+        st.version += 1;
+        st.mtime = SystemTime::now();
+        Ok(())
+    }
+
+    /// Sets the modification time of `f` (`touch`, utimensat).
+    pub fn set_mtime(&self, f: &Staged, mtime: SystemTime) {
+        f.st.lock().unwrap().mtime = mtime;
+    }
+
+    /// Makes S3 hold `f` as it is now and waits for it: Ok once it does.
+    /// Errors: [`WriteError::Upload`] when the upload failed (the file stays
+    /// staged and is tried again later).
+    pub async fn fsync(self: &Arc<Self>, f: &Arc<Staged>) -> Result<(), WriteError> {
+        let target = {
+            let mut st = f.st.lock().unwrap();
+            if st.gone || st.uploaded >= st.version {
+                return Ok(());
+            }
+            st.urgent = st.version;
+            st.failed = None;
+            self.ensure_task(f, &mut st);
+            st.version
+        };
+        f.wake.notify_waiters();
+        loop {
+            let settled = f.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            {
+                let st = f.st.lock().unwrap();
+                if st.uploaded >= target || st.gone {
+                    return Ok(());
+                }
+                if let Some((v, e)) = &st.failed
+                    && *v >= target
+                {
+                    return Err(WriteError::Upload(e.clone()));
+                }
+            }
+            settled.await;
+        }
+    }
+
+    /// Removes the staged file at `key` (unlink). Returns whether an object
+    /// of it may be in S3 (uploaded before, or renamed from a key that had
+    /// one): the caller deletes it. `None`: nothing staged at `key`.
+    pub fn unlink(&self, key: &str) -> Option<bool> {
+        let mut ov = self.ov.lock().unwrap();
+        let f = ov.files.remove(key)?;
+        let (uploaded, stale) = {
+            let mut st = f.st.lock().unwrap();
+            (
+                st.in_s3 || st.uploaded > 0,
+                std::mem::take(&mut st.stale_keys),
+            )
+        };
+        // Old names stay hidden: the caller deletes their objects too.
+        for k in &stale {
+            ov.hidden.insert(k.clone());
+        }
+        drop(ov);
+        self.drop_staged(&f);
+        self.gauges();
+        for k in stale {
+            let store = self.up.store.clone();
+            let writes_key = k.clone();
+            tokio::spawn(async move {
+                if let Err(e) = store.delete(&writes_key).await {
+                    warn!(key = %writes_key.escape_debug(), "deleting a renamed file's old object failed: {e}");
+                }
+            });
+        }
+        Some(uploaded)
+    }
+
+    /// Renames the staged file at `from` to `to` (no S3 request; a staged
+    /// file at `to` is replaced). An object at `from` in S3 is deleted once
+    /// the file is uploaded as `to`, and hidden meanwhile; `to_in_s3`: an
+    /// object is at `to`. False: nothing staged at `from`. Errors: local
+    /// disk (the journal record).
+    pub fn rename(
+        self: &Arc<Self>,
+        from: &str,
+        to: &str,
+        to_in_s3: bool,
+    ) -> Result<bool, WriteError> {
+        let mut ov = self.ov.lock().unwrap();
+        let Some(f) = ov.files.get(from).cloned() else {
+            return Ok(false);
+        };
+        self.staging.write_record(
+            f.id,
+            &Record {
+                key: to.to_string(),
+            },
+        )?;
+        ov.files.remove(from);
+        if let Some(old) = ov.files.insert(to.to_string(), f.clone()) {
+            self.drop_staged(&old);
+        }
+        ov.hidden.remove(to);
+        let mut st = f.st.lock().unwrap();
+        if st.in_s3 || st.uploaded > 0 {
+            st.stale_keys.push(from.to_string());
+            ov.hidden.insert(from.to_string());
+        }
+        st.in_s3 = to_in_s3;
+        st.key = to.to_string();
+        st.version += 1;
+        st.uploaded = 0;
+        if st.writers == 0 {
+            // A file renamed after its close (temp file then rename) is
+            // uploaded after the delay, under its new name only.
+            st.ready_at = Some(Instant::now() + self.delay);
+            self.ensure_task(&f, &mut st);
+        }
+        Ok(true)
+    }
+
+    /// Hides `key` while its object is deleted or moved.
+    pub fn hide(&self, key: &str) {
+        self.ov.lock().unwrap().hidden.insert(key.to_string());
+    }
+
+    /// Shows `key` from listings again (its object is gone, listings dropped).
+    pub fn unhide(&self, key: &str) {
+        self.ov.lock().unwrap().hidden.remove(key);
+    }
+
+    /// Records directory `prefix` (ending in `/`) as created here.
+    pub fn mkdir(&self, prefix: &str) {
+        let mut ov = self.ov.lock().unwrap();
+        ov.hidden.remove(prefix.trim_end_matches('/'));
+        ov.dirs.insert(prefix.to_string());
+    }
+
+    /// Forgets directory `prefix` created here (rmdir). The caller checked
+    /// it is empty.
+    pub fn rmdir(&self, prefix: &str) {
+        self.ov.lock().unwrap().dirs.remove(prefix);
+    }
+
+    /// Moves every staged file and local directory under `from` (a
+    /// directory prefix) to the same names under `to`. Errors: local disk.
+    pub fn rename_dir(self: &Arc<Self>, from: &str, to: &str) -> Result<(), WriteError> {
+        let keys: Vec<String> = {
+            let ov = self.ov.lock().unwrap();
+            ov.files
+                .range(from.to_string()..)
+                .take_while(|(k, _)| k.starts_with(from))
+                .map(|(k, _)| k.clone())
+                .collect()
+        };
+        for k in keys {
+            // The directory move may have copied an object to that name.
+            self.rename(&k, &format!("{to}{}", &k[from.len()..]), true)?;
+        }
+        let mut ov = self.ov.lock().unwrap();
+        let dirs: Vec<String> = ov
+            .dirs
+            .range(from.to_string()..)
+            .take_while(|d| d.starts_with(from))
+            .cloned()
+            .collect();
+        for d in dirs {
+            ov.dirs.remove(&d);
+            ov.dirs.insert(format!("{to}{}", &d[from.len()..]));
+        }
+        ov.dirs.insert(to.to_string());
+        Ok(())
+    }
+
+    fn ensure_task(self: &Arc<Self>, f: &Arc<Staged>, st: &mut State) {
+        if st.task || st.gone {
+            return;
+        }
+        st.task = true;
+        let (this, f) = (self.clone(), f.clone());
+        tokio::spawn(async move { this.run(f).await });
+    }
+
+    /// The upload task of one staged file: waits until an upload is due,
+    /// uploads, and once S3 holds the last version and no writer is open,
+    /// hands the file over to S3 (out of the overlay and staging).
+    async fn run(self: Arc<Self>, f: Arc<Staged>) {
+        loop {
+            let wake = f.wake.notified();
+            tokio::pin!(wake);
+            wake.as_mut().enable();
+            let step = {
+                let mut st = f.st.lock().unwrap();
+                let now = Instant::now();
+                let urgent = st.urgent > st.uploaded;
+                if st.gone {
+                    st.task = false;
+                    Step::Exit
+                } else if st.uploaded >= st.version && st.writers == 0 {
+                    Step::HandOver
+                } else if urgent || (st.writers == 0 && st.ready_at.is_some_and(|t| t <= now)) {
+                    Step::Upload(st.key.clone(), st.version, st.size)
+                } else if st.writers > 0 {
+                    // The last close starts a task again.
+                    st.task = false;
+                    Step::Exit
+                } else {
+                    Step::Sleep(st.ready_at.unwrap_or(now))
+                }
+            };
+            match step {
+                Step::Exit => return,
+                Step::Sleep(until) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(until.into()) => {}
+                        _ = &mut wake => {}
+                    }
+                }
+                Step::Upload(key, version, size) => self.upload_once(&f, key, version, size).await,
+                Step::HandOver => {
+                    if self.hand_over(&f).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn upload_once(&self, f: &Arc<Staged>, key: String, version: u64, size: u64) {
+        let start = Instant::now();
+        metrics::gauge!(m::WRITE_UPLOADS_IN_FLIGHT).increment(1.0);
+        let res = self.up.upload(&key, &f.file, size).await;
+        metrics::gauge!(m::WRITE_UPLOADS_IN_FLIGHT).decrement(1.0);
+        let mut st = f.st.lock().unwrap();
+        match res {
+            Ok(etag) if st.key == key => {
+                metrics::histogram!(m::WRITE_UPLOAD_SECONDS).record(start.elapsed().as_secs_f64());
+                st.uploaded = version;
+                st.etag = etag;
+                st.in_s3 = true;
+                st.failed = None;
+                st.failures = 0;
+            }
+            Ok(_) => {
+                // Renamed while uploading: that object is stale too.
+                st.stale_keys.push(key.clone());
+                self.ov.lock().unwrap().hidden.insert(key);
+            }
+            Err(e) => {
+                metrics::counter!(m::WRITE_UPLOAD_FAILURES).increment(1);
+                let wait = self
+                    .retry
+                    .saturating_mul(1 << st.failures.min(10))
+                    .min(MAX_RETRY);
+                st.failures += 1;
+                error!(key = %key.escape_debug(), size, staged = %self.staging.dir().join(format!("{}.data", f.id)).display(),
+                    retry_in_secs = wait.as_secs_f64(),
+                    "upload failed; the file stays in staging and is tried again: {e}");
+                st.failed = Some((version, e.to_string()));
+                st.urgent = 0;
+                st.ready_at = Some(Instant::now() + wait);
+            }
+        }
+        drop(st);
+        f.settled.notify_waiters();
+    }
+
+    /// Deletes the objects of `f`'s old names, then takes it out of the
+    /// overlay and staging. False when it changed meanwhile (the task goes
+    /// on) or a delete failed (tried again after the retry delay).
+    async fn hand_over(&self, f: &Arc<Staged>) -> bool {
+        let stale = f.st.lock().unwrap().stale_keys.clone();
+        for k in &stale {
+            if let Err(e) = self.up.store.delete(k).await {
+                warn!(key = %k.escape_debug(), "deleting a renamed file's old object failed, tried again later: {e}");
+                f.st.lock().unwrap().ready_at = Some(Instant::now() + self.retry);
+                tokio::time::sleep(self.retry).await;
+                return false;
+            }
+        }
+        let done = {
+            let st = f.st.lock().unwrap();
+            if st.uploaded < st.version || st.writers > 0 || st.gone {
+                return st.gone;
+            }
+            Uploaded {
+                key: st.key.clone(),
+                deleted: stale.clone(),
+                etag: st.etag.clone(),
+                size: st.size,
+                ino: st.ino,
+            }
+        };
+        if let Some(cb) = self.on_uploaded.get() {
+            cb(done.clone()).await;
+        }
+        {
+            let mut ov = self.ov.lock().unwrap();
+            let mut st = f.st.lock().unwrap();
+            if st.uploaded < st.version || st.writers > 0 || st.gone || st.key != done.key {
+                return st.gone;
+            }
+            st.gone = true;
+            st.task = false;
+            st.stale_keys.clear();
+            if ov.files.get(&st.key).is_some_and(|x| Arc::ptr_eq(x, f)) {
+                ov.files.remove(&st.key);
+            }
+            for k in &stale {
+                if !ov.files.contains_key(k) {
+                    ov.hidden.remove(k);
+                }
+            }
+            self.staging.remove(f.id, st.size);
+            if let Some(cb) = self.on_handed_over.get() {
+                cb(&done);
+            }
+        }
+        self.gauges();
+        f.settled.notify_waiters();
+        true
+    }
+
+    fn gauges(&self) {
+        let ov = self.ov.lock().unwrap();
+        metrics::gauge!(m::WRITE_STAGED_FILES).set(ov.files.len() as f64);
+        metrics::gauge!(m::WRITE_STAGED_BYTES).set(self.staging.used() as f64);
+    }
+}

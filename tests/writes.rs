@@ -1,0 +1,320 @@
+//! Writable mounts end to end: files written through a real FUSE mount of
+//! the in-process S3 server land in staging, are uploaded in the
+//! background, and are the same bytes in the bucket and after a remount.
+
+mod common;
+
+use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+/// Mounts `bucket` of `server` read-write with staging in `staging`.
+fn rw(server: &TestServer, bucket: &str, staging: &Path, config: &str) -> Mount {
+    MountSpec::new(bucket)
+        .server(server)
+        .args(&["--read-write", "--staging-dir", staging.to_str().unwrap()])
+        .config(config)
+        .mount()
+}
+
+/// Waits (up to 120 s) until the bucket holds `want` at `key`.
+fn wait_uploaded(server: &TestServer, bucket: &str, key: &str, want: &[u8], m: &Mount) {
+    let ok = wait_for(Duration::from_secs(120), || {
+        server.get(bucket, key).is_some_and(|b| b[..] == want[..])
+    });
+    assert!(
+        ok.is_some(),
+        "{key} not uploaded as written (bucket has {:?} bytes):\n{}",
+        server.get(bucket, key).map(|b| b.len()),
+        m.log()
+    );
+}
+
+/// Staged data files (`<id>.data`) in `staging`.
+fn staged(staging: &Path) -> Vec<Vec<u8>> {
+    let mut v: Vec<_> = std::fs::read_dir(staging)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "data"))
+        .collect();
+    v.sort();
+    v.iter().map(|p| std::fs::read(p).unwrap()).collect()
+}
+
+/// A torch.save-style write (a zip writer: headers first, data, then a seek
+/// back to patch the header, then the central directory at the end) of
+/// 100 MB is byte-exact in the bucket and after a remount with an empty
+/// cache.
+#[test]
+fn zip_style_saves_with_seeks_back_round_trip() {
+    let b = bucket("w-zip");
+    let staging = TempDir::new("staging");
+    let body = data(100 << 20, 7);
+    let mut want = vec![0u8; 4096];
+    want[..4].copy_from_slice(b"PK\x03\x04");
+    want[4..12].copy_from_slice(&(body.len() as u64).to_le_bytes());
+    want.extend_from_slice(&body);
+    want.extend_from_slice(b"PK\x01\x02 central directory");
+    {
+        let m = rw(server(), &b, &staging.0, "");
+        std::fs::create_dir_all(m.p("ckpt/step-100")).unwrap();
+        let path = m.p("ckpt/step-100/model.pt");
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(&[0u8; 4096]).unwrap();
+        for chunk in body.chunks(1 << 20) {
+            f.write_all(chunk).unwrap();
+        }
+        f.seek(SeekFrom::Start(0)).unwrap();
+        f.write_all(&want[..12]).unwrap();
+        f.seek(SeekFrom::End(0)).unwrap();
+        f.write_all(b"PK\x01\x02 central directory").unwrap();
+        drop(f);
+        // Readable at once, from staging.
+        assert!(
+            std::fs::read(&path).unwrap() == want,
+            "read back before upload"
+        );
+        wait_uploaded(server(), &b, "ckpt/step-100/model.pt", &want, &m);
+        assert_eq!(server().keys(&b), vec!["ckpt/step-100/model.pt"]);
+        wait_for(Duration::from_secs(10), || staged(&staging.0).is_empty())
+            .expect("staging emptied once S3 has the file");
+    }
+    let m = Mount::new(&b, &[]);
+    let got = std::fs::read(m.p("ckpt/step-100/model.pt")).unwrap();
+    assert!(got == want, "remounted read differs ({} bytes)", got.len());
+}
+
+/// The temp-file-then-`os.replace` save uploads only the final name, and
+/// the file reads back at once under it.
+#[test]
+fn temp_file_then_rename_uploads_only_the_final_name() {
+    let b = bucket("w-rename");
+    let staging = TempDir::new("staging");
+    let want = data(100 << 20, 8);
+    let m = rw(server(), &b, &staging.0, "");
+    std::fs::create_dir(m.p("run-7")).unwrap();
+    let tmp = m.p("run-7/model.safetensors.tmp");
+    std::fs::write(&tmp, &want).unwrap();
+    std::fs::rename(&tmp, m.p("run-7/model.safetensors")).unwrap();
+    assert!(std::fs::read(m.p("run-7/model.safetensors")).unwrap() == want);
+    assert_errno(
+        std::fs::metadata(&tmp),
+        libc::ENOENT,
+        "the temp name is gone",
+    );
+    assert_eq!(names(&m.p("run-7")), vec!["model.safetensors"]);
+    wait_uploaded(server(), &b, "run-7/model.safetensors", &want, &m);
+    assert_eq!(server().keys(&b), vec!["run-7/model.safetensors"]);
+    drop(m);
+    let m = Mount::new(&b, &[]);
+    assert!(std::fs::read(m.p("run-7/model.safetensors")).unwrap() == want);
+}
+
+/// O_TRUNC overwrite and append of an existing object, out-of-order
+/// pwrite, shrinking and growing truncate: each is in the bucket when
+/// fsync returns.
+#[test]
+fn overwrite_append_pwrite_and_truncate_are_durable_at_fsync() {
+    let b = bucket("w-modes");
+    server().put(&b, "d/old.bin", data(10_000, 1));
+    let staging = TempDir::new("staging");
+    let m = rw(server(), &b, &staging.0, "");
+    // O_TRUNC overwrite of an object.
+    let new = data(3_000, 2);
+    let mut f = std::fs::File::create(m.p("d/old.bin")).unwrap();
+    f.write_all(&new).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(server().get(&b, "d/old.bin").unwrap(), new);
+    drop(f);
+    // Append.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("d/old.bin"))
+        .unwrap();
+    f.write_all(b"tail").unwrap();
+    f.sync_all().unwrap();
+    let mut want = new.clone();
+    want.extend_from_slice(b"tail");
+    assert_eq!(server().get(&b, "d/old.bin").unwrap(), want);
+    drop(f);
+    // Out-of-order pwrite of a new file, with a hole.
+    let f = std::fs::File::create(m.p("d/sparse.bin")).unwrap();
+    f.write_all_at(b"END", 1_000_000).unwrap();
+    f.write_all_at(b"START", 0).unwrap();
+    f.write_all_at(b"MID", 500_000).unwrap();
+    f.sync_all().unwrap();
+    let mut sparse = vec![0u8; 1_000_003];
+    sparse[..5].copy_from_slice(b"START");
+    sparse[500_000..500_003].copy_from_slice(b"MID");
+    sparse[1_000_000..].copy_from_slice(b"END");
+    assert!(server().get(&b, "d/sparse.bin").unwrap()[..] == sparse[..]);
+    drop(f);
+    // truncate(2) by path, shrinking then growing.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.p("d/sparse.bin"))
+        .unwrap();
+    f.set_len(400).unwrap();
+    f.set_len(600).unwrap();
+    f.sync_all().unwrap();
+    let mut t = sparse[..400].to_vec();
+    t.resize(600, 0);
+    assert_eq!(server().get(&b, "d/sparse.bin").unwrap(), t);
+    assert_eq!(std::fs::metadata(m.p("d/sparse.bin")).unwrap().len(), 600);
+    drop(f);
+    // unlink of an uploaded file removes the object.
+    std::fs::remove_file(m.p("d/sparse.bin")).unwrap();
+    assert!(server().get(&b, "d/sparse.bin").is_none());
+    assert_eq!(names(&m.p("d")), vec!["old.bin"]);
+    drop(m);
+    let m = Mount::new(&b, &[]);
+    assert_eq!(std::fs::read(m.p("d/old.bin")).unwrap(), want);
+}
+
+/// A server that rejects the upload: fsync fails with EIO, the bytes stay
+/// in staging and readable, and once the server takes uploads again the
+/// next fsync succeeds.
+#[test]
+fn fsync_reports_a_rejected_upload_and_keeps_the_file() {
+    let server = private_server();
+    let b = bucket_on(&server, "w-reject");
+    let staging = TempDir::new("staging");
+    let m = rw(&server, &b, &staging.0, "[write]\nretry_secs = 3600\n");
+    server.fail_next("PutObject", 403, 1000);
+    let want = data(50_000, 3);
+    let mut f = std::fs::File::create(m.p("ckpt.bin")).unwrap();
+    f.write_all(&want).unwrap();
+    assert_errno(f.sync_all(), libc::EIO, "fsync of a rejected upload");
+    assert_eq!(staged(&staging.0), vec![want.clone()]);
+    assert_eq!(std::fs::read(m.p("ckpt.bin")).unwrap(), want);
+    assert!(server.get(&b, "ckpt.bin").is_none());
+    assert!(m.log().contains("upload failed"), "{}", m.log());
+    server.fail_next("PutObject", 403, 0);
+    f.sync_all().unwrap();
+    assert_eq!(server.get(&b, "ckpt.bin").unwrap(), want);
+}
+
+/// A daemon killed (SIGKILL) while a multipart upload is in flight: the
+/// next start aborts that upload and uploads the staged file again.
+#[test]
+fn a_killed_daemon_uploads_staged_files_at_its_next_start() {
+    let server = private_server();
+    let b = bucket_on(&server, "w-kill");
+    let staging = TempDir::new("staging");
+    let want = data(24 << 20, 4);
+    let config = "[write]\nupload_delay_secs = 0\n";
+    {
+        let mut m = rw(&server, &b, &staging.0, config);
+        server.set_delay("UploadPart", "", Duration::from_secs(30));
+        std::fs::write(m.p("big.bin"), &want).unwrap();
+        wait_for(Duration::from_secs(30), || {
+            server.request_count("UploadPart") > 0
+        })
+        .expect("the upload started");
+        let mut child = m.child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(m.path())
+            .status();
+    }
+    assert!(server.get(&b, "big.bin").is_none());
+    server.set_delay("UploadPart", "", Duration::ZERO);
+    let m = rw(&server, &b, &staging.0, config);
+    wait_uploaded(&server, &b, "big.bin", &want, &m);
+    assert!(
+        server.request_count("AbortMultipartUpload") >= 1,
+        "{}",
+        m.log()
+    );
+    wait_for(Duration::from_secs(10), || staged(&staging.0).is_empty()).expect("staging emptied");
+}
+
+/// Staging full: the write past `write.staging_max_size` fails with ENOSPC;
+/// what was written before stays and is uploaded.
+#[test]
+fn staging_full_is_enospc_and_loses_nothing() {
+    let b = bucket("w-full");
+    let staging = TempDir::new("staging");
+    let m = rw(
+        server(),
+        &b,
+        &staging.0,
+        "[write]\nstaging_max_size = 1048576\nupload_delay_secs = 3600\n",
+    );
+    let first = data(700_000, 5);
+    std::fs::write(m.p("a.bin"), &first).unwrap();
+    let mut f = std::fs::File::create(m.p("b.bin")).unwrap();
+    let r = f.write_all(&data(700_000, 6));
+    assert_errno(r, libc::ENOSPC, "a write past the staging limit");
+    drop(f);
+    assert_eq!(std::fs::read(m.p("a.bin")).unwrap(), first);
+    let f = std::fs::File::open(m.p("a.bin")).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(server().get(&b, "a.bin").unwrap(), first);
+}
+
+/// Directories: mkdir, rmdir of an empty one, ENOTEMPTY for a full one,
+/// and rename of a directory of uploaded and staged files moves every key.
+#[test]
+fn directories_are_made_removed_and_renamed() {
+    let b = bucket("w-dirs");
+    server().put(&b, "run/a.bin", data(1_000, 1));
+    let staging = TempDir::new("staging");
+    let m = rw(
+        server(),
+        &b,
+        &staging.0,
+        "[write]\nupload_delay_secs = 3600\n",
+    );
+    std::fs::create_dir(m.p("empty")).unwrap();
+    assert_errno(
+        std::fs::create_dir(m.p("empty")),
+        libc::EEXIST,
+        "mkdir twice",
+    );
+    std::fs::remove_dir(m.p("empty")).unwrap();
+    assert_errno(std::fs::metadata(m.p("empty")), libc::ENOENT, "after rmdir");
+    std::fs::write(m.p("run/b.bin"), b"staged").unwrap();
+    assert_errno(
+        std::fs::remove_dir(m.p("run")),
+        libc::ENOTEMPTY,
+        "rmdir of a full dir",
+    );
+    std::fs::rename(m.p("run"), m.p("done")).unwrap();
+    assert_eq!(names(&m.p("done")), vec!["a.bin", "b.bin"]);
+    assert_errno(std::fs::metadata(m.p("run")), libc::ENOENT, "the old name");
+    let f = std::fs::File::open(m.p("done/b.bin")).unwrap();
+    f.sync_all().unwrap();
+    let mut keys = server().keys(&b);
+    keys.sort();
+    assert_eq!(keys, vec!["done/a.bin", "done/b.bin"]);
+    assert_eq!(server().get(&b, "done/a.bin").unwrap(), data(1_000, 1));
+    assert_eq!(&server().get(&b, "done/b.bin").unwrap()[..], b"staged");
+}
+
+/// Unmounting (SIGTERM) uploads what is still staged before the daemon exits.
+#[test]
+fn unmount_uploads_what_is_staged() {
+    let b = bucket("w-unmount");
+    let staging = TempDir::new("staging");
+    let mut m = rw(
+        server(),
+        &b,
+        &staging.0,
+        "[write]\nupload_delay_secs = 3600\n",
+    );
+    std::fs::write(m.p("last.bin"), b"written just before shutdown").unwrap();
+    assert!(server().get(&b, "last.bin").is_none());
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        &server().get(&b, "last.bin").unwrap()[..],
+        b"written just before shutdown"
+    );
+    assert!(staged(&staging.0).is_empty());
+}
