@@ -489,18 +489,19 @@ fn set_kernel_read_ahead(mountpoint: &Path, bytes: u64) {
     }
 }
 
-/// The staging directory of a writable mount: `write.staging_dir`, else
-/// `staging` in the cache directory, else one per bucket and prefix under
+/// The staging directory of a writable mount: `write.staging_dir`, else one
+/// per bucket and prefix under `staging` in the cache directory, else under
 /// `/var/tmp/lakemount/staging` (kept across reboots, so files not yet
 /// uploaded are found again).
 pub fn staging_dir(source: &Source, config: &Config) -> std::path::PathBuf {
     if let Some(d) = &config.write.staging_dir {
         return d.clone();
     }
-    if let Some(c) = &config.cache.dir {
-        return c.join("staging");
-    }
-    let mut d = Path::new("/var/tmp/lakemount/staging").join(&source.bucket);
+    let mut d = match &config.cache.dir {
+        Some(c) => c.join("staging"),
+        None => Path::new("/var/tmp/lakemount/staging").to_path_buf(),
+    };
+    d.push(&source.bucket);
     let prefix = source.prefix.trim_end_matches('/');
     if !prefix.is_empty() {
         d.push(prefix.replace('/', "%2F"));
@@ -519,7 +520,8 @@ fn open_writes(
         .with_context(|| format!("write.staging_dir: cannot create {}", dir.display()))?;
     let total = crate::cache::statvfs(&dir).map_or(0, |(total, _)| total);
     let limit = config.write.staging_max_size.bytes(total);
-    let staging = crate::write::Staging::open(&dir, limit)?;
+    let origin = format!("s3://{}/{}", source.bucket, source.prefix);
+    let staging = crate::write::Staging::open(&dir, &origin, limit)?;
     info!(dir = %dir.display(), limit_bytes = limit, "staging for writes");
     Ok(crate::write::Writes::new(
         store.clone(),

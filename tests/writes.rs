@@ -91,10 +91,11 @@ fn zip_style_saves_with_seeks_back_round_trip() {
 /// the file reads back at once under it.
 #[test]
 fn temp_file_then_rename_uploads_only_the_final_name() {
-    let b = bucket("w-rename");
+    let server = private_server();
+    let b = bucket_on(&server, "w-rename");
     let staging = TempDir::new("staging");
     let want = data(100 << 20, 8);
-    let m = rw(server(), &b, &staging.0, "");
+    let m = rw(&server, &b, &staging.0, "");
     std::fs::create_dir(m.p("run-7")).unwrap();
     let tmp = m.p("run-7/model.safetensors.tmp");
     std::fs::write(&tmp, &want).unwrap();
@@ -106,10 +107,20 @@ fn temp_file_then_rename_uploads_only_the_final_name() {
         "the temp name is gone",
     );
     assert_eq!(names(&m.p("run-7")), vec!["model.safetensors"]);
-    wait_uploaded(server(), &b, "run-7/model.safetensors", &want, &m);
-    assert_eq!(server().keys(&b), vec!["run-7/model.safetensors"]);
+    wait_uploaded(&server, &b, "run-7/model.safetensors", &want, &m);
+    assert_eq!(server.keys(&b), vec!["run-7/model.safetensors"]);
+    // One multipart upload, of the final name; nothing sent for the temp
+    // name, so nothing to copy or delete either.
+    for (op, n) in [
+        ("CreateMultipartUpload", 1),
+        ("PutObject", 0),
+        ("CopyObject", 0),
+        ("DeleteObject", 0),
+    ] {
+        assert_eq!(server.request_count(op), n, "{op}");
+    }
     drop(m);
-    let m = Mount::new(&b, &[]);
+    let m = MountSpec::new(&b).server(&server).mount();
     assert!(std::fs::read(m.p("run-7/model.safetensors")).unwrap() == want);
 }
 
@@ -118,16 +129,23 @@ fn temp_file_then_rename_uploads_only_the_final_name() {
 /// fsync returns.
 #[test]
 fn overwrite_append_pwrite_and_truncate_are_durable_at_fsync() {
-    let b = bucket("w-modes");
-    server().put(&b, "d/old.bin", data(10_000, 1));
+    let server = private_server();
+    let b = bucket_on(&server, "w-modes");
+    server.put(&b, "d/old.bin", data(10_000, 1));
     let staging = TempDir::new("staging");
-    let m = rw(server(), &b, &staging.0, "");
-    // O_TRUNC overwrite of an object.
+    let m = rw(&server, &b, &staging.0, "");
+    // O_TRUNC overwrite of an object: its old bytes are never fetched.
     let new = data(3_000, 2);
+    server.reset_counts();
     let mut f = std::fs::File::create(m.p("d/old.bin")).unwrap();
     f.write_all(&new).unwrap();
     f.sync_all().unwrap();
-    assert_eq!(server().get(&b, "d/old.bin").unwrap(), new);
+    assert_eq!(server.get(&b, "d/old.bin").unwrap(), new);
+    assert_eq!(
+        server.request_count("GetObject"),
+        0,
+        "O_TRUNC fetched the old object"
+    );
     drop(f);
     // Append.
     let mut f = std::fs::OpenOptions::new()
@@ -138,7 +156,7 @@ fn overwrite_append_pwrite_and_truncate_are_durable_at_fsync() {
     f.sync_all().unwrap();
     let mut want = new.clone();
     want.extend_from_slice(b"tail");
-    assert_eq!(server().get(&b, "d/old.bin").unwrap(), want);
+    assert_eq!(server.get(&b, "d/old.bin").unwrap(), want);
     drop(f);
     // Out-of-order pwrite of a new file, with a hole.
     let f = std::fs::File::create(m.p("d/sparse.bin")).unwrap();
@@ -150,7 +168,7 @@ fn overwrite_append_pwrite_and_truncate_are_durable_at_fsync() {
     sparse[..5].copy_from_slice(b"START");
     sparse[500_000..500_003].copy_from_slice(b"MID");
     sparse[1_000_000..].copy_from_slice(b"END");
-    assert!(server().get(&b, "d/sparse.bin").unwrap()[..] == sparse[..]);
+    assert!(server.get(&b, "d/sparse.bin").unwrap()[..] == sparse[..]);
     drop(f);
     // truncate(2) by path, shrinking then growing.
     let f = std::fs::OpenOptions::new()
@@ -162,15 +180,15 @@ fn overwrite_append_pwrite_and_truncate_are_durable_at_fsync() {
     f.sync_all().unwrap();
     let mut t = sparse[..400].to_vec();
     t.resize(600, 0);
-    assert_eq!(server().get(&b, "d/sparse.bin").unwrap(), t);
+    assert_eq!(server.get(&b, "d/sparse.bin").unwrap(), t);
     assert_eq!(std::fs::metadata(m.p("d/sparse.bin")).unwrap().len(), 600);
     drop(f);
     // unlink of an uploaded file removes the object.
     std::fs::remove_file(m.p("d/sparse.bin")).unwrap();
-    assert!(server().get(&b, "d/sparse.bin").is_none());
+    assert!(server.get(&b, "d/sparse.bin").is_none());
     assert_eq!(names(&m.p("d")), vec!["old.bin"]);
     drop(m);
-    let m = Mount::new(&b, &[]);
+    let m = MountSpec::new(&b).server(&server).mount();
     assert_eq!(std::fs::read(m.p("d/old.bin")).unwrap(), want);
 }
 
@@ -256,6 +274,11 @@ fn staging_full_is_enospc_and_loses_nothing() {
     let f = std::fs::File::open(m.p("a.bin")).unwrap();
     f.sync_all().unwrap();
     assert_eq!(server().get(&b, "a.bin").unwrap(), first);
+    // Removing the partial file frees its room: the write now fits.
+    std::fs::remove_file(m.p("b.bin")).unwrap();
+    let second = data(300_000, 6);
+    std::fs::write(m.p("b.bin"), &second).unwrap();
+    assert_eq!(std::fs::read(m.p("b.bin")).unwrap(), second);
 }
 
 /// Directories: mkdir, rmdir of an empty one, ENOTEMPTY for a full one,
@@ -317,4 +340,91 @@ fn unmount_uploads_what_is_staged() {
         b"written just before shutdown"
     );
     assert!(staged(&staging.0).is_empty());
+}
+
+/// Renames and unlinks around staged and uploaded files: an unlinked file
+/// never uploaded leaves no key; a file renamed away and back keeps its
+/// name; a name freed by a rename and written again keeps the new file;
+/// rename onto a staged file replaces it; RENAME_NOREPLACE and the
+/// file/directory mismatches give their errors.
+#[test]
+fn renames_and_unlinks_keep_the_right_objects() {
+    let b = bucket("w-renames");
+    server().put(&b, "a", b"old-a".to_vec());
+    server().put(&b, "c", b"old-c".to_vec());
+    let staging = TempDir::new("staging");
+    let m = rw(
+        server(),
+        &b,
+        &staging.0,
+        "[write]\nupload_delay_secs = 3600\n",
+    );
+    // Written, then removed before any upload.
+    std::fs::write(m.p("tmp.bin"), b"scratch").unwrap();
+    std::fs::remove_file(m.p("tmp.bin")).unwrap();
+    // a: appended (staged over its object), renamed away and back.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("a"))
+        .unwrap();
+    f.write_all(b"+1").unwrap();
+    drop(f);
+    std::fs::rename(m.p("a"), m.p("b")).unwrap();
+    std::fs::rename(m.p("b"), m.p("a")).unwrap();
+    // c: appended, renamed to d, and a new c written in its place.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("c"))
+        .unwrap();
+    f.write_all(b"+2").unwrap();
+    drop(f);
+    std::fs::rename(m.p("c"), m.p("d")).unwrap_or_else(|e| panic!("{e}: {}", m.log()));
+    std::fs::write(m.p("c"), b"new-c").unwrap();
+    // x onto y, both staged.
+    std::fs::write(m.p("x"), b"from-x").unwrap();
+    std::fs::write(m.p("y"), b"from-y").unwrap();
+    std::fs::rename(m.p("x"), m.p("y")).unwrap();
+    assert_eq!(std::fs::read(m.p("y")).unwrap(), b"from-x");
+    // Errors.
+    std::fs::create_dir(m.p("dir")).unwrap();
+    assert_errno(
+        std::fs::rename(m.p("y"), m.p("dir")),
+        libc::EISDIR,
+        "file onto dir",
+    );
+    assert_errno(
+        std::fs::rename(m.p("dir"), m.p("y")),
+        libc::ENOTDIR,
+        "dir onto file",
+    );
+    let (from, to) = (
+        std::ffi::CString::new(m.p("a").to_str().unwrap()).unwrap(),
+        std::ffi::CString::new(m.p("y").to_str().unwrap()).unwrap(),
+    );
+    // SAFETY: two valid NUL-terminated paths.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EEXIST)
+    );
+    let mut listed = names(&m.path());
+    listed.sort();
+    assert_eq!(listed, vec!["a", "c", "d", "dir", "y"]);
+    drop(m); // Unmount uploads what is staged.
+    let mut keys = server().keys(&b);
+    keys.sort();
+    assert_eq!(keys, vec!["a", "c", "d", "y"]);
+    assert_eq!(&server().get(&b, "a").unwrap()[..], b"old-a+1");
+    assert_eq!(&server().get(&b, "c").unwrap()[..], b"new-c");
+    assert_eq!(&server().get(&b, "d").unwrap()[..], b"old-c+2");
+    assert_eq!(&server().get(&b, "y").unwrap()[..], b"from-x");
 }

@@ -611,13 +611,12 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
                 break;
             }
             let stat = if plus {
-                self.stat(&self.meta.inodes.upsert(
-                    ino,
-                    &handle.prefix,
-                    e,
-                    true,
-                    handle.listing.fetched,
-                ))
+                let attr =
+                    self.meta
+                        .inodes
+                        .upsert(ino, &handle.prefix, e, true, handle.listing.fetched);
+                self.note_staged_ino(&attr);
+                self.stat(&attr)
             } else {
                 let ino = self
                     .meta

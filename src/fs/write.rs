@@ -88,11 +88,11 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             });
             let meta = self.meta.clone();
             w.on_handed_over(move |u| {
-                if let Some(ino) = u.ino
-                    && meta.inodes.get(ino).is_some_and(|a| a.key == u.key)
-                {
-                    meta.inodes
-                        .set_file(ino, u.size, &u.etag, SystemTime::now());
+                for &ino in &u.inos {
+                    if meta.inodes.get(ino).is_some_and(|a| a.key == u.key) {
+                        meta.inodes
+                            .set_file(ino, u.size, &u.etag, SystemTime::now());
+                    }
                 }
             });
         }
@@ -164,6 +164,24 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         }
     }
 
+    /// Records `attr`'s inode with its staged file, when it is one (a
+    /// readdirplus entry), so the hand-over to S3 updates it.
+    pub(super) fn note_staged_ino(&self, attr: &Attr) {
+        if let Some(f) = self.writes.as_ref().and_then(|w| w.staged(&attr.key))
+            && f.attr().etag == attr.etag
+        {
+            f.set_ino(attr.ino);
+        }
+    }
+
+    /// Stat of the staged file open as `fh`, when it is one (fstat of a
+    /// file unlinked while open still answers).
+    pub fn local_stat(&self, ino: u64, fh: u64) -> Option<Stat> {
+        self.writes.as_ref()?;
+        let f = self.local_files.lock().unwrap().get(&fh)?.file.clone();
+        Some(self.staged_stat(ino, &f.attr()))
+    }
+
     /// `attr` as the staged file at its key shows it now, when `attr` is
     /// that staged file's inode.
     pub(super) fn staged_attr(&self, attr: &Attr) -> Option<Attr> {
@@ -201,7 +219,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             };
             entries.insert(name, e);
         }
-        Arc::new(DirListing::new(entries.into_values().collect()))
+        Arc::new(DirListing::like(&listing, entries.into_values().collect()))
     }
 
     /// What `name` in directory `dir` is now: staged, an object, a
@@ -241,15 +259,35 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     }
 
     /// Creates and opens file `name` in `parent` (open with O_CREAT of a
-    /// missing name): its stat and handle. An object of that name (a stale
-    /// negative entry) is replaced. Errors: EROFS, EISDIR, ENAMETOOLONG,
-    /// EINVAL, ENOSPC, local disk.
-    pub async fn create(&self, parent: u64, name: &OsStr) -> Result<(Stat, Opened), FsError> {
+    /// name the kernel believes missing, `flags` its open flags): its stat
+    /// and handle. A name that exists after all (a stale negative entry) is
+    /// EEXIST with O_EXCL, emptied with O_TRUNC, else opened as it is.
+    /// Errors: EROFS, EEXIST, EISDIR, ENAMETOOLONG, EINVAL, ENOSPC, local disk.
+    pub async fn create(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        flags: i32,
+    ) -> Result<(Stat, Opened), FsError> {
         let w = self.writes()?.clone();
         let dir = self.dir_attr(parent)?;
         let name = new_name(name)?;
-        let in_s3 = match self.resolve(&dir, name).await? {
+        let found = self.resolve(&dir, name).await?;
+        if flags & libc::O_EXCL != 0 && !matches!(found, Found::Missing) {
+            return Err(FsError::Exists);
+        }
+        let in_s3 = match found {
             Found::Dir => return Err(FsError::IsDir),
+            Found::Object(_) | Found::Staged if flags & libc::O_TRUNC == 0 => {
+                // It exists: open it for writing as it is.
+                let stat = self.lookup(parent, OsStr::new(name)).await?;
+                let o = match self.open_local(stat.ino, true, false).await {
+                    Some(r) => r?,
+                    None => return Err(FsError::NotFound),
+                };
+                let stat = self.getattr(stat.ino).await?;
+                return Ok((stat, o));
+            }
             Found::Object(_) => true,
             Found::Staged | Found::Missing => false,
         };
@@ -297,45 +335,62 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     }
 
     /// Stages object `attr` (inode `ino`) for writing: empty with
-    /// `truncate`, else its bytes copied in by ranged GETs pinned to its ETag.
+    /// `truncate`, else its bytes copied in by ranged GETs pinned to its
+    /// ETag, before the file is shown (one copy of a name at a time).
     async fn stage_object(&self, ino: u64, attr: &Attr, truncate: bool) -> Result<Opened, FsError> {
         let w = self.writes()?;
-        let attr = if truncate {
-            attr.clone()
+        let f = if truncate {
+            w.create(&attr.key, true)?
         } else {
-            self.fresh_attr(ino).await?
-        };
-        let f = w.create(&attr.key, true)?;
-        if !truncate {
-            let mut off = 0;
-            while off < attr.size {
-                let end = (off + STAGE_CHUNK).min(attr.size);
-                let got = match &self.cache {
-                    Some(c) => c
-                        .get_range(&*self.store, &attr.key, &attr.etag, attr.size, off..end)
-                        .await
-                        .map(|segs| segs.slice(0, segs.len())),
-                    None => self.store.get_range(&attr.key, off..end, &attr.etag).await,
-                };
-                let res = got
-                    .map_err(|e| match e {
-                        StoreError::NotFound => FsError::Stale,
-                        e => e.into(),
-                    })
-                    .and_then(|b| w.write(&f, off, &b).map_err(FsError::from));
-                if let Err(e) = res {
-                    w.unlink(&attr.key);
-                    w.close_writer(&f);
-                    return Err(e);
+            let _one = w.stage_lock(&attr.key).await;
+            match w
+                .staged(&attr.key)
+                .and_then(|f| w.open_writer(&f, false).map(|r| (f, r)))
+            {
+                // Staged by another open while this one waited.
+                Some((f, r)) => {
+                    r?;
+                    f
                 }
-                off = end;
+                None => {
+                    let attr = self.fresh_attr(ino).await?;
+                    let f = w.create_unpublished(&attr.key)?;
+                    if let Err(e) = self.copy_in(w, &f, &attr).await {
+                        w.discard(&f);
+                        return Err(e);
+                    }
+                    w.publish(f, &attr.etag)?
+                }
             }
-        }
+        };
         let a = f.attr();
         self.meta.inodes.set_file(ino, a.size, &a.etag, a.mtime);
         f.set_ino(ino);
         let fh = self.new_local_handle(f, true);
         Ok(self.local_opened(fh, a.size))
+    }
+
+    /// Copies object `attr` into staged file `f` (ranged GETs of
+    /// [`STAGE_CHUNK`] through the data cache, pinned to its ETag).
+    async fn copy_in(&self, w: &Writes<S>, f: &Staged, attr: &Attr) -> Result<(), FsError> {
+        let mut off = 0;
+        while off < attr.size {
+            let end = (off + STAGE_CHUNK).min(attr.size);
+            let got = match &self.cache {
+                Some(c) => c
+                    .get_range(&*self.store, &attr.key, &attr.etag, attr.size, off..end)
+                    .await
+                    .map(|segs| segs.slice(0, segs.len())),
+                None => self.store.get_range(&attr.key, off..end, &attr.etag).await,
+            };
+            let b = got.map_err(|e| match e {
+                StoreError::NotFound => FsError::Stale,
+                e => e.into(),
+            })?;
+            w.write(f, off, &b)?;
+            off = end;
+        }
+        Ok(())
     }
 
     /// Reads of a staged file's handle: `None` when `fh` is not one. Errors:
@@ -462,7 +517,8 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         let delete = match self.resolve(&dir, name).await? {
             Found::Missing => return Err(FsError::NotFound),
             Found::Dir => return Err(FsError::IsDir),
-            Found::Staged => w.unlink(&key).unwrap_or(false),
+            // Handed over to S3 meanwhile: an object now.
+            Found::Staged => w.unlink(&key).unwrap_or(true),
             Found::Object(_) => true,
         };
         if delete {
@@ -562,23 +618,32 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             ));
         }
         let to_in_s3 = matches!(dst, Found::Object(_));
-        match src {
-            Found::Staged => {
-                w.rename(&from, &to, to_in_s3)?;
+        let src = match src {
+            Found::Staged if !w.rename(&from, &to, to_in_s3)? => {
+                // Handed over to S3 between the lookup and now: an object.
+                match self.meta.find(&dir.key, name).await? {
+                    Some(e) if e.kind == EntryKind::File => Found::Object(e),
+                    _ => return Err(FsError::NotFound),
+                }
             }
+            other => other,
+        };
+        match src {
+            Found::Staged => {}
             Found::Object(e) => {
                 if e.size > MAX_PART_SIZE {
                     return Err(FsError::CrossDevice(format!(
                         "{from:?} is over 5 GiB, past one CopyObject"
                     )));
                 }
-                if matches!(dst, Found::Staged) {
-                    w.unlink(&to);
-                }
                 w.hide(&from);
                 let res = self.move_object(&from, &e.etag, &to).await;
                 w.unhide(&from);
                 res?;
+                if matches!(dst, Found::Staged) {
+                    // Replaced by the copy, once it succeeded.
+                    w.unlink(&to);
+                }
             }
             Found::Dir => {
                 self.rename_dir(&w, &format!("{from}/"), &format!("{to}/"))
@@ -631,16 +696,25 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             )));
         }
         for o in &objects {
-            let target = format!("{to}{}", &o.key[from.len()..]);
             w.hide(&o.key);
-            self.store.copy(&o.key, &o.etag, &target).await?;
         }
+        let res = async {
+            for o in &objects {
+                let target = format!("{to}{}", &o.key[from.len()..]);
+                self.store.copy(&o.key, &o.etag, &target).await?;
+            }
+            for o in &objects {
+                self.store.delete(&o.key).await?;
+            }
+            Ok::<_, StoreError>(())
+        }
+        .await;
         for o in &objects {
-            self.store.delete(&o.key).await?;
             w.unhide(&o.key);
         }
-        w.rename_dir(from, to)?;
         self.meta.invalidate_all();
+        res?;
+        w.rename_dir(from, to)?;
         Ok(())
     }
 }

@@ -343,6 +343,13 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         // the kernel falls back to plain readdir after a directory's first
         // batch unless lookups came in between, and a loader that lists
         // first and opens later then sends one lookup per file.
+        if self.fs.writable()
+            && let Err(missing) = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC)
+        {
+            // Without it the kernel sends open then setattr(size 0): an
+            // object opened with O_TRUNC would be copied in first.
+            debug!(?missing, "kernel lacks FUSE_ATOMIC_O_TRUNC");
+        }
         for cap in [
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_PARALLEL_DIROPS,
@@ -408,8 +415,11 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         self.fs.forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         requested("getattr");
+        if let Some(stat) = fh.and_then(|fh| self.fs.local_stat(ino.0, fh.0)) {
+            return reply.attr(&self.fs.kernel_ttl(), &Self::attr(&stat, 0));
+        }
         let fs = self.fs.clone();
         let direct = self.direct_io_min_size;
         run_here_or_spawn(&self.rt, async move {
@@ -680,7 +690,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         name: &OsStr,
         _mode: u32,
         _umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         requested("create");
@@ -688,7 +698,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         let name = name.to_owned();
         let io = self.io.clone();
         self.rt.spawn(async move {
-            match fs.create(parent.0, &name).await {
+            match fs.create(parent.0, &name, flags).await {
                 Ok((stat, o)) => {
                     let mut st = io.lock().unwrap();
                     st.inodes.entry(stat.ino).or_default().daemon += 1;

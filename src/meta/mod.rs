@@ -140,8 +140,22 @@ pub struct DirListing {
 }
 
 impl DirListing {
+    /// `entries` (sorted by name bytes, unique) as of `listing`: its fetch
+    /// time and stale flag (a listing with local changes merged in).
+    pub fn like(listing: &DirListing, entries: Vec<ListedEntry>) -> Self {
+        Self {
+            entries,
+            fetched: listing.fetched,
+            served_stale: std::sync::atomic::AtomicBool::new(
+                listing
+                    .served_stale
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            ),
+        }
+    }
+
     /// A listing of `entries` (sorted by name bytes, unique), fetched now.
-    pub fn new(entries: Vec<ListedEntry>) -> Self {
+    fn new(entries: Vec<ListedEntry>) -> Self {
         Self {
             entries,
             fetched: std::time::Instant::now(),
@@ -165,6 +179,9 @@ pub struct Meta<S> {
     /// The last listing fetched of each directory, for the TTL plus
     /// [`MetaConfig::stale_if_error`] (the same `Arc`s as `listings`).
     last_good: moka::sync::Cache<String, Listing>,
+    /// Directories changed on this mount -> when (for the TTL): a cached
+    /// listing fetched before is not used.
+    changed: moka::sync::Cache<String, std::time::Instant>,
     /// Whether stale listings are being served now: warned once per outage.
     outage: std::sync::atomic::AtomicBool,
     /// The inode table.
@@ -196,6 +213,10 @@ impl<S: ObjectStore> Meta<S> {
             })
             .time_to_live((config.ttl() + config.stale_if_error()).max(Duration::from_millis(1)))
             .build();
+        let changed = moka::sync::Cache::builder()
+            .max_capacity(config.max_negative_entries.max(1))
+            .time_to_live(config.ttl().max(Duration::from_millis(1)))
+            .build();
         Self {
             store,
             inodes: InodeTable::new(root_prefix),
@@ -204,6 +225,7 @@ impl<S: ObjectStore> Meta<S> {
             negative,
             huge,
             last_good,
+            changed,
             outage: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -246,8 +268,15 @@ impl<S: ObjectStore> Meta<S> {
             return Ok(listed.map(|e| Arc::new(DirListing::new(e))));
         }
         if let Some(hit) = self.listings.get(prefix).await {
-            metrics::counter!(m::META_LISTING_CACHE, "result" => "hit").increment(1);
-            return Ok(Some(hit));
+            // A listing that was under way when this directory changed on
+            // this mount may have been cached after the change dropped the
+            // old one: it is older than the change, so list again.
+            let changed = self.changed.get(prefix);
+            if changed.is_none_or(|t| hit.fetched > t) {
+                metrics::counter!(m::META_LISTING_CACHE, "result" => "hit").increment(1);
+                return Ok(Some(hit));
+            }
+            self.listings.invalidate(prefix).await;
         }
         metrics::counter!(m::META_LISTING_CACHE, "result" => "miss").increment(1);
         let store = self.store.clone();
@@ -255,8 +284,14 @@ impl<S: ObjectStore> Meta<S> {
         let result = self
             .listings
             .try_get_with(prefix.to_string(), async move {
+                let started = std::time::Instant::now();
                 match timed_list(&*store, &key, limit).await {
-                    Ok(Some(e)) => Ok(Arc::new(DirListing::new(e))),
+                    Ok(Some(e)) => Ok(Arc::new(DirListing {
+                        entries: e,
+                        // When asked: a change after that may be missing.
+                        fetched: started,
+                        served_stale: std::sync::atomic::AtomicBool::new(false),
+                    })),
                     Ok(None) => Err(None),
                     Err(e) => Err(Some(e)),
                 }
@@ -334,6 +369,8 @@ impl<S: ObjectStore> Meta<S> {
     /// `name` in it (a change made on this mount), so the next lookup lists
     /// again.
     pub async fn invalidate(&self, prefix: &str, name: &str) {
+        self.changed
+            .insert(prefix.to_string(), std::time::Instant::now());
         self.listings.invalidate(prefix).await;
         self.last_good.invalidate(prefix);
         self.negative

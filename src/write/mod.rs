@@ -32,10 +32,11 @@ use upload::Uploader;
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct WriteConfig {
-    /// Directory of staged files (local NVMe). Unset: `staging` in the
-    /// cache directory when one is configured, else
-    /// `/var/tmp/lakemount/staging/<bucket>/<prefix>`: a directory that
-    /// survives a reboot, so files not uploaded yet are found again.
+    /// Directory of staged files (local NVMe), one per mount. Unset:
+    /// `staging/<bucket>/<prefix>` in the cache directory when one is
+    /// configured, else `/var/tmp/lakemount/staging/<bucket>/<prefix>`: a
+    /// directory that survives a reboot, so files not uploaded yet are
+    /// found again.
     pub staging_dir: Option<PathBuf>,
     /// Most bytes staged files may hold together, bytes or a percentage of
     /// the staging directory's file system; a write past it fails with
@@ -91,6 +92,8 @@ pub struct Staged {
     settled: Notify,
     /// Something changed the upload's due time (a close, a fsync).
     wake: Notify,
+    /// Held while its journal record is written, so records land in order.
+    record: Mutex<()>,
 }
 
 #[derive(Debug)]
@@ -98,8 +101,9 @@ struct State {
     key: String,
     size: u64,
     mtime: SystemTime,
-    /// The inode the kernel knows this file as, once looked up.
-    ino: Option<u64>,
+    /// The inodes the kernel knows this file as (one, unless it forgot
+    /// one and looked the name up again).
+    inos: Vec<u64>,
     /// Handles open for writing.
     writers: u32,
     /// Bumped by every change (write, truncate, rename).
@@ -153,9 +157,12 @@ impl Staged {
         }
     }
 
-    /// Records the inode the kernel knows this file as.
+    /// Records an inode the kernel knows this file as.
     pub fn set_ino(&self, ino: u64) {
-        self.st.lock().unwrap().ino = Some(ino);
+        let mut st = self.st.lock().unwrap();
+        if !st.inos.contains(&ino) {
+            st.inos.push(ino);
+        }
     }
 
     /// Reads up to `len` bytes at `off` (short at end of file). Errors:
@@ -222,8 +229,8 @@ pub struct Uploaded {
     pub etag: String,
     /// Bytes.
     pub size: u64,
-    /// The inode the kernel knew the file as.
-    pub ino: Option<u64>,
+    /// The inodes the kernel knew the file as.
+    pub inos: Vec<u64>,
 }
 
 /// What an upload task does next.
@@ -244,8 +251,38 @@ pub struct Writes<S> {
     delay: Duration,
     retry: Duration,
     ov: Mutex<Overlay>,
+    /// Per key: held by the upload (or delete) of that key, so uploads of
+    /// one name land in the order they were made.
+    upload_locks: KeyLocks,
+    /// Per key: held while an object is copied into staging for a change.
+    stage_locks: KeyLocks,
     on_uploaded: OnceLock<OnUploaded>,
     on_handed_over: OnceLock<OnHandedOver>,
+}
+
+/// Async locks by key, created on first use and dropped with their last user.
+#[derive(Default)]
+struct KeyLocks(Mutex<std::collections::HashMap<String, std::sync::Weak<tokio::sync::Mutex<()>>>>);
+
+impl KeyLocks {
+    /// The lock of `key`, held once this returns.
+    async fn lock(&self, key: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let m = {
+            let mut map = self.0.lock().unwrap();
+            if map.len() > 1024 {
+                map.retain(|_, w| w.strong_count() > 0);
+            }
+            match map.get(key).and_then(std::sync::Weak::upgrade) {
+                Some(m) => m,
+                None => {
+                    let m = Arc::new(tokio::sync::Mutex::new(()));
+                    map.insert(key.to_string(), Arc::downgrade(&m));
+                    m
+                }
+            }
+        };
+        m.lock_owned().await
+    }
 }
 
 /// Errors of the write path, mapped to errno by the file system.
@@ -271,6 +308,8 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
             delay: Duration::from_secs_f64(config.upload_delay_secs.max(0.0)),
             retry: Duration::from_secs_f64(config.retry_secs.max(0.001)),
             ov: Mutex::new(Overlay::default()),
+            upload_locks: KeyLocks::default(),
+            stage_locks: KeyLocks::default(),
             on_uploaded: OnceLock::new(),
             on_handed_over: OnceLock::new(),
         })
@@ -319,14 +358,25 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
             }
             Err(e) => warn!("listing pending multipart uploads failed: {e}"),
         }
-        let n = found.len();
+        let mut n = 0;
         for (id, record, file) in found {
             let size = file.metadata()?.len();
+            if !record.closed {
+                // Its writer never closed it: not a whole file, so it must
+                // not replace the object; kept for an admin to look at.
+                error!(key = %record.key.escape_debug(), size,
+                    staged = %self.staging.data_path(id).display(),
+                    "a file was open for writing when lakemount stopped: kept in staging, not uploaded");
+                continue;
+            }
             info!(key = %record.key.escape_debug(), size, "staged file of a previous run: uploading it");
             let f = self.insert(id, record.key, file, size);
             let mut st = f.st.lock().unwrap();
+            // Whatever was at its key (or its old names) is not known now.
+            st.in_s3 = true;
             st.ready_at = Some(Instant::now());
             self.ensure_task(&f, &mut st);
+            n += 1;
         }
         Ok(n)
     }
@@ -354,14 +404,24 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     }
 
     fn insert(&self, id: u64, key: String, file: File, size: u64) -> Arc<Staged> {
-        let f = Arc::new(Staged {
+        let f = Self::new_staged(id, key.clone(), file, size);
+        let mut ov = self.ov.lock().unwrap();
+        let in_s3 = self.claim(&mut ov, &key, &f);
+        drop(ov);
+        f.st.lock().unwrap().in_s3 |= in_s3;
+        self.gauges();
+        f
+    }
+
+    fn new_staged(id: u64, key: String, file: File, size: u64) -> Arc<Staged> {
+        Arc::new(Staged {
             id,
             file: Arc::new(file),
             st: Mutex::new(State {
                 key: key.clone(),
                 size,
                 mtime: SystemTime::now(),
-                ino: None,
+                inos: Vec::new(),
                 writers: 0,
                 version: 1,
                 uploaded: 0,
@@ -377,15 +437,121 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
             }),
             settled: Notify::new(),
             wake: Notify::new(),
-        });
-        let mut ov = self.ov.lock().unwrap();
-        ov.hidden.remove(&key);
-        if let Some(old) = ov.files.insert(key, f.clone()) {
-            self.drop_staged(&old);
+            record: Mutex::new(()),
+        })
+    }
+
+    /// Writes `f`'s journal record as its state is now (key; closed when no
+    /// writer holds it). Concurrent callers each write the state as of
+    /// their turn, so the last record written is the latest state.
+    fn save_record(&self, f: &Staged) {
+        let _turn = f.record.lock().unwrap();
+        let record = {
+            let st = f.st.lock().unwrap();
+            if st.gone {
+                return;
+            }
+            Record {
+                key: st.key.clone(),
+                closed: st.writers == 0,
+            }
+        };
+        if let Err(e) = self.staging.write_record(f.id, &record) {
+            // The bytes are safe; a restart would use the older record.
+            warn!(key = %record.key.escape_debug(), "writing the staging record failed: {e}");
         }
+    }
+
+    /// Waits for the right to copy the object at `key` into staging (one
+    /// copy of a name at a time); held until the guard drops.
+    pub async fn stage_lock(&self, key: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        self.stage_locks.lock(key).await
+    }
+
+    /// A staged file for `key` not yet in the overlay, open for writing once:
+    /// the object's bytes are copied into it, then [`Self::publish`]ed (or
+    /// [`Self::discard`]ed). Errors: local disk.
+    pub fn create_unpublished(&self, key: &str) -> Result<Arc<Staged>, WriteError> {
+        let (id, file) = self.staging.create(key)?;
+        let f = Self::new_staged(id, key.to_string(), file, 0);
+        f.st.lock().unwrap().writers = 1;
+        Ok(f)
+    }
+
+    /// Drops an unpublished staged file (its copy failed).
+    pub fn discard(&self, f: &Arc<Staged>) {
+        self.drop_staged(f);
+    }
+
+    /// Puts `f`, a whole copy of the object at its key with ETag `etag`,
+    /// in the overlay, and gives the file to open for writing: `f`, or a
+    /// file staged at that key meanwhile (then `f` is dropped and the other
+    /// one opened for writing). The copy counts as uploaded: closed
+    /// unchanged, it goes back to being the object without an upload.
+    pub fn publish(
+        self: &Arc<Self>,
+        f: Arc<Staged>,
+        etag: &str,
+    ) -> Result<Arc<Staged>, WriteError> {
+        let key = f.st.lock().unwrap().key.clone();
+        let mut ov = self.ov.lock().unwrap();
+        if let Some(other) = ov.files.get(&key).cloned() {
+            drop(ov);
+            self.drop_staged(&f);
+            return match self.open_writer(&other, false) {
+                Some(r) => r.map(|()| other),
+                None => Err(WriteError::Io(std::io::Error::from_raw_os_error(
+                    libc::EAGAIN,
+                ))),
+            };
+        }
+        self.claim(&mut ov, &key, &f);
+        let mut st = f.st.lock().unwrap();
+        st.in_s3 = true;
+        st.uploaded = st.version;
+        st.etag = etag.to_string();
+        drop(st);
         drop(ov);
         self.gauges();
-        f
+        Ok(f)
+    }
+
+    /// `f` takes `key` in the overlay (under its lock, `ov`): a staged file
+    /// there is replaced (gone; its old names to delete pass to `f`), no
+    /// other file deletes `key` as an old name any more (the upload of `f`
+    /// replaces that object), and the name is shown again. Returns whether
+    /// an object may be at `key` in S3 now.
+    fn claim(&self, ov: &mut Overlay, key: &str, f: &Arc<Staged>) -> bool {
+        let mut in_s3 = ov.hidden.remove(key);
+        // Every old name waiting for its delete is hidden: only then can
+        // another file hold `key` as one.
+        let was_hidden = in_s3;
+        for other in ov.files.values().filter(|_| was_hidden) {
+            let mut st = other.st.lock().unwrap();
+            if let Some(i) = st.stale_keys.iter().position(|k| k == key) {
+                st.stale_keys.remove(i);
+                in_s3 = true;
+            }
+        }
+        {
+            let mut st = f.st.lock().unwrap();
+            if let Some(i) = st.stale_keys.iter().position(|k| k == key) {
+                st.stale_keys.remove(i);
+                in_s3 = true;
+            }
+        }
+        if let Some(old) = ov.files.insert(key.to_string(), f.clone())
+            && !Arc::ptr_eq(&old, f)
+        {
+            let stale = {
+                let mut st = old.st.lock().unwrap();
+                in_s3 |= st.in_s3 || st.uploaded > 0;
+                std::mem::take(&mut st.stale_keys)
+            };
+            f.st.lock().unwrap().stale_keys.extend(stale);
+            self.drop_staged(&old);
+        }
+        in_s3
     }
 
     /// Marks `old` gone and removes its staged bytes (it was replaced or
@@ -515,10 +681,17 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         drop(ov);
         st.writers += 1;
         st.ready_at = None;
-        if truncate && st.size > 0 {
-            return Some(self.set_len(f, &mut st, 0));
+        let first = st.writers == 1;
+        let r = if truncate && st.size > 0 {
+            self.set_len(f, &mut st, 0)
+        } else {
+            Ok(())
+        };
+        drop(st);
+        if first {
+            self.save_record(f);
         }
-        Some(Ok(()))
+        Some(r)
     }
 
     /// One writer of `f` closed; after the last the upload is due in
@@ -527,8 +700,14 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         let mut st = f.st.lock().unwrap();
         st.writers = st.writers.saturating_sub(1);
         if st.writers == 0 && !st.gone {
-            st.ready_at = Some(Instant::now() + self.delay);
-            self.ensure_task(f, &mut st);
+            drop(st);
+            // Closed: a restart may upload it (a file never closed is not).
+            self.save_record(f);
+            let mut st = f.st.lock().unwrap();
+            if st.writers == 0 && !st.gone {
+                st.ready_at = Some(Instant::now() + self.delay);
+                self.ensure_task(f, &mut st);
+            }
             drop(st);
             f.wake.notify_waiters();
         }
@@ -539,11 +718,14 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     pub fn write(&self, f: &Staged, off: u64, data: &[u8]) -> Result<(), WriteError> {
         let mut st = f.st.lock().unwrap();
         let end = off + data.len() as u64;
-        if end > st.size {
+        // A file unlinked or replaced while open is out of staging's
+        // accounting; it still takes writes, as an unlinked local file does.
+        let counted = end > st.size && !st.gone;
+        if counted {
             self.staging.resize(st.size, end)?;
         }
         if let Err(e) = f.file.write_all_at(data, off) {
-            if end > st.size {
+            if counted {
                 self.staging.resize(end, st.size).ok();
             }
             return Err(e.into());
@@ -567,9 +749,14 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     }
 
     fn set_len(&self, f: &Staged, st: &mut State, size: u64) -> Result<(), WriteError> {
-        self.staging.resize(st.size, size)?;
+        let counted = !st.gone;
+        if counted {
+            self.staging.resize(st.size, size)?;
+        }
         if let Err(e) = f.file.set_len(size) {
-            self.staging.resize(size, st.size).ok();
+            if counted {
+                self.staging.resize(size, st.size).ok();
+            }
             return Err(e.into());
         }
         st.size = size;
@@ -620,7 +807,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     /// Removes the staged file at `key` (unlink). Returns whether an object
     /// of it may be in S3 (uploaded before, or renamed from a key that had
     /// one): the caller deletes it. `None`: nothing staged at `key`.
-    pub fn unlink(&self, key: &str) -> Option<bool> {
+    pub fn unlink(self: &Arc<Self>, key: &str) -> Option<bool> {
         let mut ov = self.ov.lock().unwrap();
         let f = ov.files.remove(key)?;
         let (uploaded, stale) = {
@@ -637,23 +824,40 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         drop(ov);
         self.drop_staged(&f);
         self.gauges();
-        for k in stale {
-            let store = self.up.store.clone();
-            let writes_key = k.clone();
+        if !stale.is_empty() {
+            let this = self.clone();
             tokio::spawn(async move {
-                if let Err(e) = store.delete(&writes_key).await {
-                    warn!(key = %writes_key.escape_debug(), "deleting a renamed file's old object failed: {e}");
+                for k in stale {
+                    this.delete_unclaimed(&k).await.ok();
+                    let mut ov = this.ov.lock().unwrap();
+                    if !ov.files.contains_key(&k) {
+                        ov.hidden.remove(&k);
+                    }
                 }
             });
         }
         Some(uploaded)
     }
 
+    /// Deletes the object at `key` unless a staged file took the name
+    /// meanwhile (its upload replaces it), after any upload of `key` in
+    /// flight. Errors: the store's (logged).
+    async fn delete_unclaimed(&self, key: &str) -> Result<(), ()> {
+        let _order = self.upload_locks.lock(key).await;
+        if self.ov.lock().unwrap().files.contains_key(key) {
+            return Ok(());
+        }
+        self.up.store.delete(key).await.map_err(|e| {
+            warn!(key = %key.escape_debug(), "deleting the object of a renamed or removed file failed: {e}");
+        })
+    }
+
     /// Renames the staged file at `from` to `to` (no S3 request; a staged
     /// file at `to` is replaced). An object at `from` in S3 is deleted once
     /// the file is uploaded as `to`, and hidden meanwhile; `to_in_s3`: an
-    /// object is at `to`. False: nothing staged at `from`. Errors: local
-    /// disk (the journal record).
+        /// object is at `to`. False: nothing staged at `from`. A journal record
+    /// that cannot be written is logged (the file keeps its old name for
+    /// a restart).
     pub fn rename(
         self: &Arc<Self>,
         from: &str,
@@ -664,32 +868,27 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         let Some(f) = ov.files.get(from).cloned() else {
             return Ok(false);
         };
-        self.staging.write_record(
-            f.id,
-            &Record {
-                key: to.to_string(),
-            },
-        )?;
         ov.files.remove(from);
-        if let Some(old) = ov.files.insert(to.to_string(), f.clone()) {
-            self.drop_staged(&old);
-        }
-        ov.hidden.remove(to);
+        let to_has = self.claim(&mut ov, to, &f);
         let mut st = f.st.lock().unwrap();
         if st.in_s3 || st.uploaded > 0 {
             st.stale_keys.push(from.to_string());
             ov.hidden.insert(from.to_string());
         }
-        st.in_s3 = to_in_s3;
+        st.in_s3 = to_in_s3 || to_has;
         st.key = to.to_string();
         st.version += 1;
         st.uploaded = 0;
+        drop(ov);
         if st.writers == 0 {
             // A file renamed after its close (temp file then rename) is
             // uploaded after the delay, under its new name only.
             st.ready_at = Some(Instant::now() + self.delay);
             self.ensure_task(&f, &mut st);
         }
+        drop(st);
+        // The new name in the journal (two fsyncs), outside the overlay's lock.
+        self.save_record(&f);
         Ok(true)
     }
 
@@ -801,24 +1000,57 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     }
 
     async fn upload_once(&self, f: &Arc<Staged>, key: String, version: u64, size: u64) {
+        // One upload of a name at a time: a replaced file's upload still in
+        // flight lands before its successor's.
+        let _order = self.upload_locks.lock(&key).await;
+        {
+            let st = f.st.lock().unwrap();
+            if st.gone || st.key != key || st.version != version {
+                return; // Changed while waiting: the task looks again.
+            }
+        }
         let start = Instant::now();
         metrics::gauge!(m::WRITE_UPLOADS_IN_FLIGHT).increment(1.0);
         let res = self.up.upload(&key, &f.file, size).await;
         metrics::gauge!(m::WRITE_UPLOADS_IN_FLIGHT).decrement(1.0);
+        let (gone, renamed) = {
+            let st = f.st.lock().unwrap();
+            (st.gone, st.key != key)
+        };
+        if res.is_ok() && (gone || renamed) {
+            // Unlinked, replaced or renamed while uploading: the object just
+            // written is unwanted unless a staged file holds the name now
+            // (its upload, after this one, replaces it).
+            let delete = {
+                let mut ov = self.ov.lock().unwrap();
+                if ov.files.contains_key(&key) {
+                    false
+                } else if renamed && !gone {
+                    ov.hidden.insert(key.clone());
+                    let mut st = f.st.lock().unwrap();
+                    if !st.stale_keys.contains(&key) {
+                        st.stale_keys.push(key.clone());
+                    }
+                    false
+                } else {
+                    true
+                }
+            };
+            if delete && self.up.store.delete(&key).await.is_err() {
+                warn!(key = %key.escape_debug(), "deleting the object of a file removed while it uploaded failed");
+            }
+            f.settled.notify_waiters();
+            return;
+        }
         let mut st = f.st.lock().unwrap();
         match res {
-            Ok(etag) if st.key == key => {
+            Ok(etag) => {
                 metrics::histogram!(m::WRITE_UPLOAD_SECONDS).record(start.elapsed().as_secs_f64());
                 st.uploaded = version;
                 st.etag = etag;
                 st.in_s3 = true;
                 st.failed = None;
                 st.failures = 0;
-            }
-            Ok(_) => {
-                // Renamed while uploading: that object is stale too.
-                st.stale_keys.push(key.clone());
-                self.ov.lock().unwrap().hidden.insert(key);
             }
             Err(e) => {
                 metrics::counter!(m::WRITE_UPLOAD_FAILURES).increment(1);
@@ -827,7 +1059,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
                     .saturating_mul(1 << st.failures.min(10))
                     .min(MAX_RETRY);
                 st.failures += 1;
-                error!(key = %key.escape_debug(), size, staged = %self.staging.dir().join(format!("{}.data", f.id)).display(),
+                error!(key = %key.escape_debug(), size, staged = %self.staging.data_path(f.id).display(),
                     retry_in_secs = wait.as_secs_f64(),
                     "upload failed; the file stays in staging and is tried again: {e}");
                 st.failed = Some((version, e.to_string()));
@@ -845,8 +1077,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     async fn hand_over(&self, f: &Arc<Staged>) -> bool {
         let stale = f.st.lock().unwrap().stale_keys.clone();
         for k in &stale {
-            if let Err(e) = self.up.store.delete(k).await {
-                warn!(key = %k.escape_debug(), "deleting a renamed file's old object failed, tried again later: {e}");
+            if self.delete_unclaimed(k).await.is_err() {
                 f.st.lock().unwrap().ready_at = Some(Instant::now() + self.retry);
                 tokio::time::sleep(self.retry).await;
                 return false;
@@ -862,7 +1093,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
                 deleted: stale.clone(),
                 etag: st.etag.clone(),
                 size: st.size,
-                ino: st.ino,
+                inos: st.inos.clone(),
             }
         };
         if let Some(cb) = self.on_uploaded.get() {

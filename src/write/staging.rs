@@ -5,9 +5,12 @@
 //!   since two daemons uploading one staging area would race.
 //! - `<id>.data`: the bytes of one written file, at their own offsets.
 //! - `<id>.toml`: its journal record ([`Record`]): the object key it is to be
-//!   uploaded as. Written (temp file, fsync, rename) before the first byte of
-//!   data and again at each rename, so a restart knows every file that was
-//!   not uploaded yet and under which name.
+//!   uploaded as, and whether its writers closed it. Written (temp file,
+//!   fsync, rename) before the first byte of data, at each rename, at the
+//!   first open for writing and the last close, so a restart knows every
+//!   file that was not uploaded yet, under which name, and whether it is whole.
+//! - `origin`: the bucket and prefix this staging area uploads to; a mount of
+//!   another one is refused, so staged files never land in the wrong bucket.
 //!
 //! A file leaves staging ([`Staging::remove`]) only once S3 answered its
 //! upload, or when it was unlinked. Nothing else deletes staged files.
@@ -25,6 +28,10 @@ use serde::{Deserialize, Serialize};
 pub struct Record {
     /// Full object key the file is to be uploaded as.
     pub key: String,
+    /// Every writer closed it: a restart uploads it. A file still open for
+    /// writing when the daemon stopped is kept but not uploaded (its bytes
+    /// may be half a checkpoint).
+    pub closed: bool,
 }
 
 /// The staging directory and the bytes it holds.
@@ -51,10 +58,11 @@ pub struct Full {
 }
 
 impl Staging {
-    /// Opens (creating, mode 0700) the staging directory `dir` with a size
-    /// limit of `limit` bytes, and locks it. Errors: the directory cannot be
-    /// created or is in use by another lakemount.
-    pub fn open(dir: &Path, limit: u64) -> anyhow::Result<Self> {
+    /// Opens (creating, mode 0700) the staging directory `dir` of the mount
+    /// of `origin` (`s3://bucket/prefix`) with a size limit of `limit`
+    /// bytes, and locks it. Errors: the directory cannot be created, is in
+    /// use by another lakemount, or belongs to another bucket or prefix.
+    pub fn open(dir: &Path, origin: &str, limit: u64) -> anyhow::Result<Self> {
         use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -84,6 +92,27 @@ impl Staging {
                 ));
             }
         }
+        let origin_path = dir.join("origin");
+        match std::fs::read_to_string(&origin_path) {
+            Ok(held) if held.trim_end() == origin => {}
+            Ok(held) => anyhow::bail!(
+                "write.staging_dir: {} holds files staged for {}, not {origin}; give each \
+                 writable mount its own staging directory",
+                dir.display(),
+                held.trim_end()
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::write(&origin_path, format!("{origin}\n")).with_context(|| {
+                    format!("write.staging_dir: cannot write {}", origin_path.display())
+                })?
+            }
+            Err(e) => {
+                return Err(e).context(format!(
+                    "write.staging_dir: reading {}",
+                    origin_path.display()
+                ));
+            }
+        }
         let next = staged_ids(dir)?.into_iter().max().map_or(1, |m| m + 1);
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -109,7 +138,8 @@ impl Staging {
         self.used.load(Ordering::Relaxed)
     }
 
-    fn data_path(&self, id: u64) -> PathBuf {
+    /// The data file of staged file `id`.
+    pub fn data_path(&self, id: u64) -> PathBuf {
         self.dir.join(format!("{id}.data"))
     }
 
@@ -125,6 +155,7 @@ impl Staging {
             id,
             &Record {
                 key: key.to_string(),
+                closed: false,
             },
         )?;
         let file = OpenOptions::new()
@@ -140,6 +171,8 @@ impl Staging {
     pub fn write_record(&self, id: u64, record: &Record) -> std::io::Result<()> {
         let text = toml::to_string(record).map_err(std::io::Error::other)?;
         let tmp = self.dir.join(format!("{id}.toml.tmp"));
+        // Callers of one id take turns (`Staged::record`), so one temp name
+        // per id suffices.
         let mut f = File::create(&tmp)?;
         f.write_all(text.as_bytes())?;
         f.sync_all()?;
@@ -263,7 +296,7 @@ mod tests {
     fn a_restart_finds_staged_files_under_their_last_name() {
         let d = tempdir("recover");
         {
-            let s = Staging::open(&d, 1 << 20).unwrap();
+            let s = Staging::open(&d, "s3://b/", 1 << 20).unwrap();
             let (a, fa) = s.create("ckpt/a.tmp").unwrap();
             fa.write_all_at(b"hello", 0).unwrap();
             s.resize(0, 5).unwrap();
@@ -271,20 +304,26 @@ mod tests {
                 a,
                 &Record {
                     key: "ckpt/a".into(),
+                    closed: true,
                 },
             )
             .unwrap();
             let (b, _) = s.create("ckpt/b").unwrap();
             s.remove(b, 0);
             assert!(
-                Staging::open(&d, 1 << 20).is_err(),
+                Staging::open(&d, "s3://b/", 1 << 20).is_err(),
                 "a second opener is refused"
             );
         }
-        let s = Staging::open(&d, 1 << 20).unwrap();
+        {
+            let e = Staging::open(&d, "s3://other/", 1 << 20).err().unwrap();
+            assert!(e.to_string().contains("s3://b/"), "{e}");
+        }
+        let s = Staging::open(&d, "s3://b/", 1 << 20).unwrap();
         let found = s.recover().unwrap();
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].1.key, "ckpt/a");
+        assert!(found[0].1.closed);
         assert_eq!(s.used(), 5);
         let mut buf = [0u8; 5];
         found[0].2.read_exact_at(&mut buf, 0).unwrap();
@@ -297,7 +336,7 @@ mod tests {
     #[test]
     fn growth_past_the_limit_is_refused_and_not_accounted() {
         let d = tempdir("full");
-        let s = Staging::open(&d, 100).unwrap();
+        let s = Staging::open(&d, "s3://b/", 100).unwrap();
         s.resize(0, 60).unwrap();
         assert_eq!(
             s.resize(60, 101),
