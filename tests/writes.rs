@@ -428,3 +428,41 @@ fn renames_and_unlinks_keep_the_right_objects() {
     assert_eq!(&server().get(&b, "d").unwrap()[..], b"old-c+2");
     assert_eq!(&server().get(&b, "y").unwrap()[..], b"from-x");
 }
+
+/// A large file's full parts are sent while it is still being written; a
+/// part changed after it was sent (a header patched at the end) is sent
+/// again, so the object is still byte-exact.
+#[test]
+fn parts_are_sent_while_the_file_is_written() {
+    let server = private_server();
+    let b = bucket_on(&server, "w-early");
+    let staging = TempDir::new("staging");
+    let m = rw(&server, &b, &staging.0, "");
+    let mut want = data(40 << 20, 9);
+    let mut f = std::fs::File::create(m.p("big.bin")).unwrap();
+    f.write_all(&want).unwrap();
+    wait_for(Duration::from_secs(30), || {
+        server.request_count("UploadPart") >= 3
+    })
+    .unwrap_or_else(|| panic!("no part sent while the file is open:\n{}", m.log()));
+    assert!(server.get(&b, "big.bin").is_none());
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.write_all(b"HEADER").unwrap();
+    want[..6].copy_from_slice(b"HEADER");
+    f.sync_all().unwrap();
+    assert!(server.get(&b, "big.bin").unwrap()[..] == want[..]);
+    drop(f);
+    assert_eq!(
+        server.request_count("CreateMultipartUpload"),
+        1,
+        "{:?}\n{}",
+        server.request_counts(),
+        m.log()
+    );
+    // 5 parts of 8 MiB; part 1 sent twice.
+    assert!(
+        server.request_count("UploadPart") >= 6,
+        "{:?}",
+        server.request_counts()
+    );
+}

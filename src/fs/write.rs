@@ -372,7 +372,12 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
 
     /// Copies object `attr` into staged file `f` (ranged GETs of
     /// [`STAGE_CHUNK`] through the data cache, pinned to its ETag).
-    async fn copy_in(&self, w: &Writes<S>, f: &Staged, attr: &Attr) -> Result<(), FsError> {
+    async fn copy_in(
+        &self,
+        w: &Arc<Writes<S>>,
+        f: &Arc<Staged>,
+        attr: &Attr,
+    ) -> Result<(), FsError> {
         let mut off = 0;
         while off < attr.size {
             let end = (off + STAGE_CHUNK).min(attr.size);

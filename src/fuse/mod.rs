@@ -732,6 +732,8 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         reply: ReplyWrite,
     ) {
         requested("write");
+        // A filled part may start its upload task.
+        let _rt = self.rt.enter();
         match self.fs.write(fh.0, offset, data) {
             Ok(n) => {
                 metrics::counter!(m::FUSE_WRITE_BYTES).increment(n as u64);

@@ -129,6 +129,31 @@ struct State {
     stale_keys: Vec<String>,
     /// Consecutive failed tries.
     failures: u32,
+    /// The multipart upload under way (parts sent while the file is still
+    /// written, or by an upload interrupted by a change).
+    mpu: Option<Mpu>,
+    /// Per part (index: number - 1): the version of the last change to its
+    /// bytes, so a part sent before a change is sent again.
+    part_written: Vec<u64>,
+    /// Parts are not sent while writing any more (a part upload failed).
+    no_early: bool,
+}
+
+/// A multipart upload of a staged file not completed yet.
+#[derive(Debug)]
+struct Mpu {
+    key: String,
+    id: String,
+    /// Parts sent, by number.
+    parts: BTreeMap<u32, SentPart>,
+}
+
+/// One part sent: its ETag, and what it held (the part's version and length).
+#[derive(Debug)]
+struct SentPart {
+    etag: String,
+    written: u64,
+    len: u64,
 }
 
 /// What the file system shows of a staged file.
@@ -235,10 +260,72 @@ pub struct Uploaded {
 
 /// What an upload task does next.
 enum Step {
-    Exit,
+    /// Stop; abort this multipart upload, if any.
+    Exit(Option<Mpu>),
+    /// Send these parts (number, offset, length, version) while the file is
+    /// still being written.
+    Early(String, Vec<PartJob>),
     Sleep(Instant),
     Upload(String, u64, u64),
     HandOver,
+}
+
+/// Name endings and beginnings of temporary files (editors, downloaders,
+/// Python's `tempfile`, the temp-file-then-rename save): their parts are not
+/// sent while they are written, since they are usually renamed before they
+/// are closed for good, and parts sent under the old name would be sent
+/// again under the new one.
+const TEMP_SUFFIXES: &[&str] = &[".tmp", ".temp", ".part", ".partial", "~"];
+const TEMP_PREFIXES: &[&str] = &["tmp", ".tmp", ".~"];
+
+/// Whether the file at `key` may send parts while it is written.
+fn early_ok(key: &str) -> bool {
+    let name = key.rsplit('/').next().unwrap_or(key);
+    !TEMP_SUFFIXES.iter().any(|s| name.ends_with(s))
+        && !TEMP_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// A part to send: number, offset, length, and the version of its bytes.
+type PartJob = (u32, u64, u64, u64);
+
+/// Marks the parts holding bytes `[off, end)` as changed at `st.version`.
+fn mark_written(first: u64, st: &mut State, off: u64, end: u64) {
+    if end <= off {
+        return;
+    }
+    let (mut n, mut start, _) = upload::part_at(first, off);
+    while start < end {
+        let i = (n - 1) as usize;
+        if st.part_written.len() <= i {
+            st.part_written.resize(i + 1, 0);
+        }
+        st.part_written[i] = st.version;
+        start += upload::part_size(first, n);
+        n += 1;
+    }
+}
+
+/// The parts of `st`'s bytes the multipart upload under way does not hold
+/// as they are now. `full_only`: only parts that end within the file (a
+/// writer still writing its last part).
+fn stale_parts(first: u64, st: &State, full_only: bool) -> Vec<PartJob> {
+    let mut out = Vec::new();
+    let (mut off, mut n) = (0u64, 1u32);
+    while off < st.size && n <= crate::store::MAX_PARTS {
+        let plen = upload::part_size(first, n);
+        let len = plen.min(st.size - off);
+        if full_only && len < plen {
+            break;
+        }
+        let written = st.part_written.get(n as usize - 1).copied().unwrap_or(0);
+        let sent = st.mpu.as_ref().and_then(|m| m.parts.get(&n));
+        if !sent.is_some_and(|p| p.written == written && p.len == len) {
+            out.push((n, off, len, written));
+        }
+        off += len;
+        n += 1;
+    }
+    out
 }
 
 type OnUploaded = Box<dyn Fn(Uploaded) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
@@ -434,6 +521,9 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
                 in_s3: false,
                 stale_keys: Vec::new(),
                 failures: 0,
+                mpu: None,
+                part_written: Vec::new(),
+                no_early: false,
             }),
             settled: Notify::new(),
             wake: Notify::new(),
@@ -474,7 +564,11 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     pub fn create_unpublished(&self, key: &str) -> Result<Arc<Staged>, WriteError> {
         let (id, file) = self.staging.create(key)?;
         let f = Self::new_staged(id, key.to_string(), file, 0);
-        f.st.lock().unwrap().writers = 1;
+        let mut st = f.st.lock().unwrap();
+        st.writers = 1;
+        // The copy sends no parts: it is the object already.
+        st.no_early = true;
+        drop(st);
         Ok(f)
     }
 
@@ -510,6 +604,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         st.in_s3 = true;
         st.uploaded = st.version;
         st.etag = etag.to_string();
+        st.no_early = false;
         drop(st);
         drop(ov);
         self.gauges();
@@ -715,7 +810,12 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
 
     /// Writes `data` at `off` of `f`. Errors: ENOSPC past the staging
     /// limit, local disk I/O.
-    pub fn write(&self, f: &Staged, off: u64, data: &[u8]) -> Result<(), WriteError> {
+    pub fn write(
+        self: &Arc<Self>,
+        f: &Arc<Staged>,
+        off: u64,
+        data: &[u8],
+    ) -> Result<(), WriteError> {
         let mut st = f.st.lock().unwrap();
         let end = off + data.len() as u64;
         // A file unlinked or replaced while open is out of staging's
@@ -730,9 +830,23 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
             }
             return Err(e.into());
         }
+        let first = self.up.part_size;
+        let crossed =
+            end > st.size && upload::part_at(first, st.size).0 != upload::part_at(first, end).0;
         st.size = st.size.max(end);
         st.version += 1;
+        mark_written(first, &mut st, off, end);
         st.mtime = SystemTime::now();
+        if crossed
+            && st.writers > 0
+            && !st.no_early
+            && st.size > first
+            && !st.gone
+            && early_ok(&st.key)
+        {
+            // A part was filled: send it while the writer goes on.
+            self.ensure_task(f, &mut st);
+        }
         Ok(())
     }
 
@@ -759,8 +873,10 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
             }
             return Err(e.into());
         }
+        let old = st.size;
         st.size = size;
         st.version += 1;
+        mark_written(self.up.part_size, st, old.min(size), old.max(size));
         st.mtime = SystemTime::now();
         Ok(())
     }
@@ -855,7 +971,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     /// Renames the staged file at `from` to `to` (no S3 request; a staged
     /// file at `to` is replaced). An object at `from` in S3 is deleted once
     /// the file is uploaded as `to`, and hidden meanwhile; `to_in_s3`: an
-        /// object is at `to`. False: nothing staged at `from`. A journal record
+    /// object is at `to`. False: nothing staged at `from`. A journal record
     /// that cannot be written is logged (the file keeps its old name for
     /// a restart).
     pub fn rename(
@@ -966,23 +1082,56 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
                 let mut st = f.st.lock().unwrap();
                 let now = Instant::now();
                 let urgent = st.urgent > st.uploaded;
+                let first = self.up.part_size;
                 if st.gone {
                     st.task = false;
-                    Step::Exit
+                    Step::Exit(st.mpu.take())
                 } else if st.uploaded >= st.version && st.writers == 0 {
                     Step::HandOver
                 } else if urgent || (st.writers == 0 && st.ready_at.is_some_and(|t| t <= now)) {
                     Step::Upload(st.key.clone(), st.version, st.size)
                 } else if st.writers > 0 {
-                    // The last close starts a task again.
-                    st.task = false;
-                    Step::Exit
+                    let early = if st.no_early || st.size <= first || !early_ok(&st.key) {
+                        Vec::new()
+                    } else {
+                        // Parts S3 holds as they are (an fsync uploaded
+                        // them) wait for the final upload.
+                        let mut v = stale_parts(first, &st, true);
+                        v.retain(|p| p.3 > st.uploaded);
+                        v
+                    };
+                    if early.is_empty() {
+                        // A filled part or the last close starts a task again.
+                        st.task = false;
+                        Step::Exit(None)
+                    } else {
+                        Step::Early(st.key.clone(), early)
+                    }
                 } else {
                     Step::Sleep(st.ready_at.unwrap_or(now))
                 }
             };
             match step {
-                Step::Exit => return,
+                Step::Exit(mpu) => {
+                    if let Some(m) = mpu {
+                        self.up.abort(&m.key, &m.id).await;
+                    }
+                    return;
+                }
+                Step::Early(key, parts) => {
+                    if let Err(e) = self.send_parts(&f, &key, parts).await {
+                        warn!(key = %key.escape_debug(),
+                            "sending parts while the file is written failed; it is uploaded after its close: {e}");
+                        let m = {
+                            let mut st = f.st.lock().unwrap();
+                            st.no_early = true;
+                            st.mpu.take()
+                        };
+                        if let Some(m) = m {
+                            self.up.abort(&m.key, &m.id).await;
+                        }
+                    }
+                }
                 Step::Sleep(until) => {
                     tokio::select! {
                         _ = tokio::time::sleep_until(until.into()) => {}
@@ -1011,7 +1160,15 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         }
         let start = Instant::now();
         metrics::gauge!(m::WRITE_UPLOADS_IN_FLIGHT).increment(1.0);
-        let res = self.up.upload(&key, &f.file, size).await;
+        let res = if size <= self.up.part_size {
+            let stale = f.st.lock().unwrap().mpu.take();
+            if let Some(m) = stale {
+                self.up.abort(&m.key, &m.id).await;
+            }
+            self.up.put(&key, &f.file, size).await.map(|e| (e, version))
+        } else {
+            self.multipart(f, &key).await
+        };
         metrics::gauge!(m::WRITE_UPLOADS_IN_FLIGHT).decrement(1.0);
         let (gone, renamed) = {
             let st = f.st.lock().unwrap();
@@ -1044,7 +1201,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         }
         let mut st = f.st.lock().unwrap();
         match res {
-            Ok(etag) => {
+            Ok((etag, version)) => {
                 metrics::histogram!(m::WRITE_UPLOAD_SECONDS).record(start.elapsed().as_secs_f64());
                 st.uploaded = version;
                 st.etag = etag;
@@ -1069,6 +1226,114 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         }
         drop(st);
         f.settled.notify_waiters();
+    }
+
+    /// The multipart upload under way for `key`, created when there is
+    /// none (one for another key, after a rename, is aborted): its id.
+    async fn ensure_mpu(&self, f: &Staged, key: &str) -> Result<String, crate::store::StoreError> {
+        let old = {
+            let mut st = f.st.lock().unwrap();
+            match &st.mpu {
+                Some(m) if m.key == key => return Ok(m.id.clone()),
+                _ => st.mpu.take(),
+            }
+        };
+        if let Some(m) = old {
+            self.up.abort(&m.key, &m.id).await;
+        }
+        let id = self.up.store.create_multipart(key).await?;
+        tracing::debug!(key = %key.escape_debug(), upload_id = %id, staged = f.id, "multipart upload created");
+        f.st.lock().unwrap().mpu = Some(Mpu {
+            key: key.to_string(),
+            id: id.clone(),
+            parts: BTreeMap::new(),
+        });
+        Ok(id)
+    }
+
+    /// Sends `parts` of `f` to the multipart upload of `key`, several at
+    /// once, recording each as it is answered.
+    async fn send_parts(
+        &self,
+        f: &Staged,
+        key: &str,
+        parts: Vec<PartJob>,
+    ) -> Result<(), crate::store::StoreError> {
+        use futures::stream::StreamExt;
+        let id = self.ensure_mpu(f, key).await?;
+        let mut sent = futures::stream::iter(parts)
+            .map(|(n, off, len, written)| {
+                let id = id.clone();
+                async move {
+                    let etag = self.up.send_part(key, &id, &f.file, (n, off, len)).await?;
+                    Ok::<_, crate::store::StoreError>((n, SentPart { etag, written, len }))
+                }
+            })
+            .buffer_unordered(upload::MAX_PARTS_IN_FLIGHT);
+        while let Some(r) = sent.next().await {
+            let (n, part) = r?;
+            let mut st = f.st.lock().unwrap();
+            if let Some(m) = st.mpu.as_mut().filter(|m| m.id == id) {
+                m.parts.insert(n, part);
+            }
+        }
+        Ok(())
+    }
+
+    /// Uploads `f` as `key` by multipart upload: sends the parts S3 does not
+    /// hold as they are now (those sent while writing are kept), then
+    /// completes. The ETag and the version S3 then holds.
+    async fn multipart(
+        &self,
+        f: &Staged,
+        key: &str,
+    ) -> Result<(String, u64), crate::store::StoreError> {
+        let first = self.up.part_size;
+        let res = async {
+            loop {
+                let todo = stale_parts(first, &f.st.lock().unwrap(), false);
+                if !todo.is_empty() {
+                    self.send_parts(f, key, todo).await?;
+                    continue;
+                }
+                let (id, parts, version) = {
+                    let st = f.st.lock().unwrap();
+                    if !stale_parts(first, &st, false).is_empty() {
+                        continue; // Changed meanwhile.
+                    }
+                    let Some(m) = st.mpu.as_ref().filter(|m| m.key == key) else {
+                        continue;
+                    };
+                    let count = upload::parts(first, st.size)?.len() as u32;
+                    let parts: Option<Vec<crate::store::UploadedPart>> = (1..=count)
+                        .map(|n| {
+                            m.parts.get(&n).map(|p| crate::store::UploadedPart {
+                                number: n,
+                                etag: p.etag.clone(),
+                            })
+                        })
+                        .collect();
+                    let Some(parts) = parts else {
+                        continue; // A part's answer was for an older upload.
+                    };
+                    (m.id.clone(), parts, st.version)
+                };
+                let etag = self.up.complete(key, &id, &parts).await;
+                let mut st = f.st.lock().unwrap();
+                if st.mpu.as_ref().is_some_and(|m| m.id == id) {
+                    st.mpu = None;
+                }
+                return etag.map(|e| (e, version));
+            }
+        }
+        .await;
+        if res.is_err() {
+            let m = f.st.lock().unwrap().mpu.take();
+            if let Some(m) = m {
+                self.up.abort(&m.key, &m.id).await;
+            }
+        }
+        res
     }
 
     /// Deletes the objects of `f`'s old names, then takes it out of the
@@ -1108,6 +1373,11 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
             st.gone = true;
             st.task = false;
             st.stale_keys.clear();
+            if let Some(m) = st.mpu.take() {
+                // Parts sent for a version that was then put back as it was.
+                let up = self.up.store.clone();
+                tokio::spawn(async move { up.abort_multipart(&m.key, &m.id).await.ok() });
+            }
             if ov.files.get(&st.key).is_some_and(|x| Arc::ptr_eq(x, f)) {
                 ov.files.remove(&st.key);
             }
@@ -1130,5 +1400,92 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         let ov = self.ov.lock().unwrap();
         metrics::gauge!(m::WRITE_STAGED_FILES).set(ov.files.len() as f64);
         metrics::gauge!(m::WRITE_STAGED_BYTES).set(self.staging.used() as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temporary_names_send_no_parts_while_written() {
+        for k in ["ckpt/model.pt", "a/b/shard-00001.safetensors", "x"] {
+            assert!(early_ok(k), "{k}");
+        }
+        for k in [
+            "ckpt/model.pt.tmp",
+            "tmpab12cd",
+            "d/.tmp123",
+            "f.part",
+            "notes~",
+        ] {
+            assert!(!early_ok(k), "{k}");
+        }
+    }
+
+    #[test]
+    fn only_parts_changed_since_they_were_sent_are_stale() {
+        let first = 8 << 20;
+        let mut st = State {
+            key: "k".into(),
+            size: 0,
+            mtime: SystemTime::UNIX_EPOCH,
+            inos: Vec::new(),
+            writers: 1,
+            version: 0,
+            uploaded: 0,
+            etag: String::new(),
+            failed: None,
+            urgent: 0,
+            ready_at: None,
+            task: false,
+            gone: false,
+            in_s3: false,
+            stale_keys: Vec::new(),
+            failures: 0,
+            mpu: None,
+            part_written: Vec::new(),
+            no_early: false,
+        };
+        // 20 MiB written: parts 1 and 2 are full, part 3 is not.
+        st.version = 1;
+        st.size = 20 << 20;
+        mark_written(first, &mut st, 0, 20 << 20);
+        let full: Vec<u32> = stale_parts(first, &st, true).iter().map(|p| p.0).collect();
+        assert_eq!(full, vec![1, 2]);
+        st.mpu = Some(Mpu {
+            key: "k".into(),
+            id: "u".into(),
+            parts: [1, 2]
+                .into_iter()
+                .map(|n| {
+                    (
+                        n,
+                        SentPart {
+                            etag: format!("e{n}"),
+                            written: 1,
+                            len: first,
+                        },
+                    )
+                })
+                .collect(),
+        });
+        assert_eq!(
+            stale_parts(first, &st, false)
+                .iter()
+                .map(|p| p.0)
+                .collect::<Vec<_>>(),
+            vec![3]
+        );
+        // A write into part 1 makes it stale again; a truncate into part 2
+        // changes its length.
+        st.version = 2;
+        mark_written(first, &mut st, 10, 20);
+        st.version = 3;
+        let old = st.size;
+        st.size = 12 << 20;
+        mark_written(first, &mut st, 12 << 20, old);
+        let stale: Vec<u32> = stale_parts(first, &st, false).iter().map(|p| p.0).collect();
+        assert_eq!(stale, vec![1, 2]);
     }
 }

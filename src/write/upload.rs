@@ -24,6 +24,24 @@ pub fn part_size(first: u64, n: u32) -> u64 {
     (first << step).min(MAX_PART_SIZE)
 }
 
+/// The part (1-based) holding byte `off` under the schedule of
+/// [`part_size`] with first parts of `first` bytes, and its byte range
+/// `(number, offset, len)` were the object large enough.
+pub fn part_at(first: u64, off: u64) -> (u32, u64, u64) {
+    let mut base = 0u64;
+    let mut n0 = 0u32;
+    loop {
+        let size = part_size(first, n0 + 1);
+        let span = size * PARTS_PER_STEP as u64;
+        if off < base + span || size == MAX_PART_SIZE {
+            let i = ((off - base) / size) as u32;
+            return (n0 + i + 1, base + i as u64 * size, size);
+        }
+        base += span;
+        n0 += PARTS_PER_STEP;
+    }
+}
+
 /// Byte ranges `(number, offset, len)` of the parts of an object of `size`
 /// bytes. Errors: more than [`MAX_PARTS`] parts would be needed.
 pub fn parts(first: u64, size: u64) -> Result<Vec<(u32, u64, u64)>, StoreError> {
@@ -68,43 +86,56 @@ impl<S: ObjectStore + WriteStore> Uploader<S> {
         }
     }
 
-    /// Uploads `size` bytes of `file` as `key`: the new ETag. Errors: the
-    /// store's (after its retries) or the local file's, as
+    /// PutObject of the `size` bytes of `file` as `key`: the new ETag.
+    /// Errors: the store's (after its retries) or the local file's, as
     /// [`StoreError::Other`].
-    pub async fn upload(
+    pub async fn put(&self, key: &str, file: &Arc<File>, size: u64) -> Result<String, StoreError> {
+        let _mem = self.reserve(size).await;
+        let data = read_at(file, 0, size).await?;
+        self.store.put(key, data).await
+    }
+
+    /// UploadPart `n` of upload `id` of `key`: `len` bytes of `file` at
+    /// `off`, within the memory bound. The part's ETag.
+    pub async fn send_part(
         &self,
         key: &str,
+        id: &str,
         file: &Arc<File>,
-        size: u64,
+        (n, off, len): (u32, u64, u64),
     ) -> Result<String, StoreError> {
-        if size <= self.part_size {
-            let _mem = self.reserve(size).await;
-            let data = read_at(file, 0, size).await?;
-            return self.store.put(key, data).await;
-        }
-        let parts = parts(self.part_size, size)?;
-        let id = self.store.create_multipart(key).await?;
-        match self.send_parts(key, &id, file, &parts).await {
-            Ok(done) => match self.store.complete_multipart(key, &id, &done).await {
-                Err(StoreError::NoSuchUpload) => {
-                    // The answer to a completion that succeeded may have been
-                    // lost, and its retry finds the upload gone: the object
-                    // is ours when its ETag is the one these parts make.
-                    let want = multipart_etag(&done);
-                    match self.store_etag(key).await {
-                        Some(e) if Some(e.trim_matches('"')) == want.as_deref() => Ok(e),
-                        _ => Err(StoreError::NoSuchUpload),
-                    }
+        let _mem = self.reserve(len).await;
+        let data = read_at(file, off, len).await?;
+        self.store.upload_part(key, id, n, data).await
+    }
+
+    /// CompleteMultipartUpload of `parts`: the ETag. A NoSuchUpload answer
+    /// (the retry of a completion whose answer was lost) is a success when
+    /// the object's ETag is the one these parts make.
+    pub async fn complete(
+        &self,
+        key: &str,
+        id: &str,
+        parts: &[UploadedPart],
+    ) -> Result<String, StoreError> {
+        match self.store.complete_multipart(key, id, parts).await {
+            Err(StoreError::NoSuchUpload) => {
+                let want = multipart_etag(parts);
+                match self.store_etag(key).await {
+                    Some(e) if Some(e.trim_matches('"')) == want.as_deref() => Ok(e),
+                    _ => Err(StoreError::NoSuchUpload),
                 }
-                other => other,
-            },
-            Err(e) => {
-                if let Err(a) = self.store.abort_multipart(key, &id).await {
-                    tracing::warn!(key = %key.escape_debug(), upload_id = %id,
-                        "aborting a failed multipart upload failed too: {a}");
-                }
-                Err(e)
             }
+            other => other,
+        }
+    }
+
+    /// AbortMultipartUpload, a failure logged (S3 lifecycle rules or the
+    /// next start clean up).
+    pub async fn abort(&self, key: &str, id: &str) {
+        if let Err(e) = self.store.abort_multipart(key, id).await {
+            tracing::warn!(key = %key.escape_debug(), upload_id = %id,
+                "aborting a multipart upload failed: {e}");
         }
     }
 
@@ -122,31 +153,10 @@ impl<S: ObjectStore + WriteStore> Uploader<S> {
             .await
             .expect("the semaphore is never closed")
     }
-
-    /// Sends every part, up to the memory bound at once: their ETags in order.
-    async fn send_parts(
-        &self,
-        key: &str,
-        id: &str,
-        file: &Arc<File>,
-        parts: &[(u32, u64, u64)],
-    ) -> Result<Vec<UploadedPart>, StoreError> {
-        use futures::stream::{StreamExt, TryStreamExt};
-        futures::stream::iter(parts.iter().copied())
-            .map(|(n, off, len)| async move {
-                let _mem = self.reserve(len).await;
-                let data = read_at(file, off, len).await?;
-                let etag = self.store.upload_part(key, id, n, data).await?;
-                Ok::<_, StoreError>(UploadedPart { number: n, etag })
-            })
-            .buffered(MAX_PARTS_IN_FLIGHT)
-            .try_collect()
-            .await
-    }
 }
 
 /// Parts of one upload in flight at most (the memory bound also applies).
-const MAX_PARTS_IN_FLIGHT: usize = 16;
+pub const MAX_PARTS_IN_FLIGHT: usize = 16;
 
 /// Reads `len` bytes at `off` of `file` on the blocking pool.
 async fn read_at(file: &Arc<File>, off: u64, len: u64) -> Result<Bytes, StoreError> {
@@ -201,6 +211,14 @@ mod tests {
         assert_eq!(parts(first, 0).unwrap(), vec![]);
         assert_eq!(parts(first, 1).unwrap(), vec![(1, 0, 1)]);
         assert!(parts(5 << 20, 100u64 << 40).is_err());
+        // part_at agrees with the schedule everywhere.
+        for &(n, off, len) in p.iter().step_by(997).chain(p.last()) {
+            for o in [off, off + len / 2, off + len - 1] {
+                let (m, moff, mlen) = part_at(first, o);
+                assert_eq!((m, moff), (n, off));
+                assert!(mlen >= len);
+            }
+        }
     }
 
     #[test]
