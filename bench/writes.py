@@ -16,7 +16,9 @@ staging; `durable` there is write + fsync to the local disk), raw-mpu (the
 same bytes uploaded from a local file by one multipart upload of 8 MiB parts,
 16 in flight: the server's multipart-upload limit), lakemount (--read-write,
 defaults), rclone-writes (--vfs-cache-mode writes, its write-back mode, with
---vfs-write-back 1s like lakemount's upload delay).
+--vfs-write-back 1s like lakemount's upload delay), mount-s3 (Mountpoint for
+Amazon S3: sequential writes of new files, uploaded while written; close()
+returns once the object is in S3, so close = durable).
 
 The server is the in-memory one of testserver/, restarted for every
 measurement so it holds one checkpoint at a time. Writes its section of
@@ -38,7 +40,7 @@ sys.path.insert(0, HERE)
 import harness as h  # noqa: E402
 
 GIB = 1 << 30
-SYSTEMS = ["local-disk", "raw-mpu", "lakemount", "rclone-writes"]
+SYSTEMS = ["local-disk", "raw-mpu", "lakemount", "rclone-writes", "mount-s3"]
 BUCKET = "lakebench-full"
 
 # The writer: `files` written at once (one process each), 1 MiB writes of a
@@ -97,6 +99,21 @@ def summary(res, end=None):
     if end is not None:
         out["durable"] = end - start
     return out
+
+
+def wait_port_free(port, limit=120):
+    """Waits until `port` can be bound (the last server's sockets in
+    TIME_WAIT are gone): the server binds without SO_REUSEADDR."""
+    import socket
+    t = time.monotonic()
+    while time.monotonic() - t < limit:
+        with socket.socket() as sk:
+            try:
+                sk.bind(("127.0.0.1", port))
+                return
+            except OSError:
+                time.sleep(1)
+    raise RuntimeError(f"port {port} still in use after {limit} s")
 
 
 def names(n):
@@ -164,6 +181,19 @@ def rclone_mount(a, g):
     return h.Mount("rclone-writes", cmd, env, mnt, os.path.join(a.bench_dir, "logs", "rclone-writes.log"), shown)
 
 
+def mount_s3_mount(a, g):
+    binary = h.mount_s3_binary()
+    if not binary:
+        raise RuntimeError(h.MOUNT_S3_MISSING)
+    mnt = os.path.join(a.bench_dir, "mnt", "mount-s3-rw")
+    env = h.s3_env(g)
+    env.pop("AWS_ENDPOINT_URL", None)
+    cmd = [binary, BUCKET, mnt, "--foreground", "--allow-writes", "--endpoint-url", g.endpoint,
+           "--region", g.region, "--force-path-style"]
+    shown = "AWS_ACCESS_KEY_ID=.. AWS_SECRET_ACCESS_KEY=.. " + " ".join(cmd).replace(h.HERE + "/", "bench/")
+    return h.Mount("mount-s3", cmd, env, mnt, os.path.join(a.bench_dir, "logs", "mount-s3-rw.log"), shown)
+
+
 def daemon_cpu(pid):
     """User + system CPU seconds of process `pid` so far."""
     with open(f"/proc/{pid}/stat") as f:
@@ -172,7 +202,7 @@ def daemon_cpu(pid):
 
 
 def run_mount(a, g, system, n, size):
-    m = lakemount_mount(a, g) if system == "lakemount" else rclone_mount(a, g)
+    m = {"lakemount": lakemount_mount, "rclone-writes": rclone_mount, "mount-s3": mount_s3_mount}[system](a, g)
     m.start()
     try:
         cpu0 = daemon_cpu(m.proc.pid)
@@ -182,6 +212,9 @@ def run_mount(a, g, system, n, size):
             procs = [subprocess.Popen([sys.executable, "-c", SYNCER, p], stdout=subprocess.PIPE, text=True)
                      for p in paths]
             ends = [float(p.communicate()[0].strip()) for p in procs]
+        elif system == "mount-s3":
+            # close() returned once the upload completed.
+            ends = [max(r["start"] + r["close"] for r in res)]
         else:
             env = h.s3_env(g)
             procs = [subprocess.Popen([a.rawget, "wait", "--bucket", BUCKET, "--key", f, "--size", str(size),
@@ -217,6 +250,7 @@ def write(path, a, results, shown, started, finished, machine):
         "",
         "`close`: seconds from open() to close() returning. `durable`: seconds from open() until S3",
         "holds the object (lakemount: an fsync after close returns; rclone: HeadObject shows it;",
+        "mount-s3: close itself, which waits for the upload;",
         "local-disk: write + fsync on the local disk; raw-mpu: one multipart upload of the bytes from",
         "a local file, 8 MiB parts, 16 in flight). Ratios are to local-disk (close) and raw-mpu",
         "(rate: raw time / system time). CPU: the daemon's user+system seconds for the case.",
@@ -272,6 +306,12 @@ def main():
             local_paths = None
             for s in a.systems:
                 g = h.MemServer(a.bench_dir, a.memserver, a.port_base)
+                wait_port_free(g.s3_port)
+                wait_port_free(g.stats_port)
+                # Every measurement starts with no dirty pages of the last.
+                h.run(["sync"])
+                with open("/proc/sys/vm/drop_caches", "w") as f_:
+                    f_.write("3\n")
                 try:
                     g.start()
                     if s == "local-disk" or (s == "raw-mpu" and local_paths is None):
@@ -282,7 +322,7 @@ def main():
                             continue
                     if s == "raw-mpu":
                         r = run_raw(a, g, local_paths)
-                    elif s in ("lakemount", "rclone-writes"):
+                    elif s in ("lakemount", "rclone-writes", "mount-s3"):
                         if s == "rclone-writes" and not shutil.which("rclone"):
                             raise RuntimeError("not installed: rclone")
                         r, shown[s] = run_mount(a, g, s, n, size)

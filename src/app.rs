@@ -248,6 +248,8 @@ pub struct Mounted {
     /// The write path of a writable mount, and how long unmount waits for
     /// its uploads.
     writes: Option<(Arc<crate::write::Writes<S3Store>>, std::time::Duration)>,
+    /// The runtime uploads run on (writable mounts).
+    upload_rt: Option<tokio::runtime::Runtime>,
 }
 
 /// Longest wait at unmount for blocks still queued for the disk cache, and for
@@ -294,10 +296,16 @@ impl Mounted {
             );
         }
         let store = Arc::new(store);
-        let writes = if config.mount.read_only {
+        let upload_rt = if config.mount.read_only {
             None
         } else {
-            let writes = open_writes(&store, source, config)?;
+            Some(
+                crate::write::upload_runtime(worker_threads(), config.write.upload_nice)
+                    .context("starting the upload runtime")?,
+            )
+        };
+        let writes = if let Some(up) = &upload_rt {
+            let writes = open_writes(&store, source, config, up.handle().clone())?;
             let found = rt.block_on(writes.recover(&source.prefix))?;
             if found > 0 {
                 info!(
@@ -306,6 +314,8 @@ impl Mounted {
                 );
             }
             Some(writes)
+        } else {
+            None
         };
         let pending = writes.clone().map(|w| {
             let wait = std::time::Duration::from_secs_f64(config.write.shutdown_wait_secs);
@@ -374,6 +384,7 @@ impl Mounted {
             mountpoint: mountpoint.to_path_buf(),
             cache,
             writes: pending,
+            upload_rt,
         })
     }
 
@@ -422,6 +433,9 @@ impl Mounted {
                      are uploaded at the next start"
                 );
             }
+        }
+        if let Some(up) = self.upload_rt.take() {
+            up.shutdown_timeout(std::time::Duration::from_secs(2));
         }
         for line in telemetry::metrics::s3_request_summary() {
             info!("{line}");
@@ -514,6 +528,7 @@ fn open_writes(
     store: &Arc<S3Store>,
     source: &Source,
     config: &Config,
+    upload_rt: tokio::runtime::Handle,
 ) -> anyhow::Result<Arc<crate::write::Writes<S3Store>>> {
     let dir = staging_dir(source, config);
     std::fs::create_dir_all(&dir)
@@ -527,6 +542,7 @@ fn open_writes(
         store.clone(),
         staging,
         &config.write,
+        upload_rt,
     ))
 }
 

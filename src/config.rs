@@ -287,6 +287,12 @@ impl Config {
         }
         seconds("write.upload_delay_secs", w.upload_delay_secs, 0.0, 3600.0)?;
         seconds("write.retry_secs", w.retry_secs, MIN_TIMEOUT_SECS, 3600.0)?;
+        if !(0..=19).contains(&w.upload_nice) {
+            return bad(
+                "write.upload_nice",
+                format!("{}; accepted: 0 to 19", w.upload_nice),
+            );
+        }
         seconds(
             "write.shutdown_wait_secs",
             w.shutdown_wait_secs,

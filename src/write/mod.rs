@@ -57,6 +57,11 @@ pub struct WriteConfig {
     /// Seconds before a failed upload is tried again; doubled after each
     /// failure, at most 15 minutes. Default 30.
     pub retry_secs: f64,
+    /// Nice value of the threads that upload (0 to 19): uploads are
+    /// background work and yield the CPU to the training job and to the
+    /// FUSE threads taking its writes, so a checkpoint's close() is not
+    /// slowed by the upload of its first parts. Default 10.
+    pub upload_nice: i32,
     /// At unmount, how long to wait for staged files to upload, seconds;
     /// what is left is uploaded at the next start. Default 60: within
     /// systemd's default stop timeout (90 s).
@@ -72,9 +77,26 @@ impl Default for WriteConfig {
             part_size: 8 << 20,
             upload_memory: 256 << 20,
             retry_secs: 30.0,
+            upload_nice: 10,
             shutdown_wait_secs: 60.0,
         }
     }
+}
+
+/// The runtime for uploads: `threads` workers (and its blocking pool) at
+/// nice `nice` (setpriority(2) of each thread: on Linux nice is per thread).
+/// Errors: the runtime cannot start.
+pub fn upload_runtime(threads: usize, nice: i32) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .thread_name("lakemount-upload")
+        .on_thread_start(move || {
+            // SAFETY: setpriority(2) of the calling thread (who = 0) reads
+            // and writes no memory of ours. A failure leaves nice 0.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+        })
+        .enable_all()
+        .build()
 }
 
 /// Longest wait between tries of a failing upload.
@@ -338,6 +360,8 @@ pub struct Writes<S> {
     delay: Duration,
     retry: Duration,
     ov: Mutex<Overlay>,
+    /// The runtime upload tasks run on (its threads at `write.upload_nice`).
+    rt: tokio::runtime::Handle,
     /// Per key: held by the upload (or delete) of that key, so uploads of
     /// one name land in the order they were made.
     upload_locks: KeyLocks,
@@ -387,9 +411,16 @@ pub enum WriteError {
 }
 
 impl<S: ObjectStore + WriteStore> Writes<S> {
-    /// The write path over `store` with staged files in `staging`.
-    pub fn new(store: Arc<S>, staging: Staging, config: &WriteConfig) -> Arc<Self> {
+    /// The write path over `store` with staged files in `staging`, its
+    /// uploads run on `rt` ([`upload_runtime`]).
+    pub fn new(
+        store: Arc<S>,
+        staging: Staging,
+        config: &WriteConfig,
+        rt: tokio::runtime::Handle,
+    ) -> Arc<Self> {
         Arc::new(Self {
+            rt,
             staging,
             up: Uploader::new(store, config.part_size, config.upload_memory),
             delay: Duration::from_secs_f64(config.upload_delay_secs.max(0.0)),
@@ -942,7 +973,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         self.gauges();
         if !stale.is_empty() {
             let this = self.clone();
-            tokio::spawn(async move {
+            self.rt.spawn(async move {
                 for k in stale {
                     this.delete_unclaimed(&k).await.ok();
                     let mut ov = this.ov.lock().unwrap();
@@ -1067,7 +1098,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         }
         st.task = true;
         let (this, f) = (self.clone(), f.clone());
-        tokio::spawn(async move { this.run(f).await });
+        self.rt.spawn(async move { this.run(f).await });
     }
 
     /// The upload task of one staged file: waits until an upload is due,
@@ -1376,7 +1407,8 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
             if let Some(m) = st.mpu.take() {
                 // Parts sent for a version that was then put back as it was.
                 let up = self.up.store.clone();
-                tokio::spawn(async move { up.abort_multipart(&m.key, &m.id).await.ok() });
+                self.rt
+                    .spawn(async move { up.abort_multipart(&m.key, &m.id).await.ok() });
             }
             if ov.files.get(&st.key).is_some_and(|x| Arc::ptr_eq(x, f)) {
                 ov.files.remove(&st.key);

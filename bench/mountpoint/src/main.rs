@@ -1,4 +1,4 @@
-//! `mount-s3` for the benchmark: mounts a bucket read-only through the library
+//! `mount-s3` for the benchmark: mounts a bucket (read-only unless --allow-writes) through the library
 //! crates of Mountpoint for Amazon S3 (`mountpoint-s3-fs`, `mountpoint-s3-client`),
 //! whose own CLI crate is not on crates.io. Only what bench/harness.py and
 //! bench/torch_bench.py need; the defaults follow Mountpoint's CLI where it has one
@@ -61,9 +61,12 @@ struct Args {
     /// Let other users (root included) use the mount
     #[arg(long)]
     allow_other: bool,
-    /// Accepted for compatibility with mount-s3; this binary only mounts read-only
+    /// Accepted for compatibility with mount-s3: read-only is this binary's default
     #[arg(long)]
     read_only: bool,
+    /// Allow writes of new files (mount-s3's default; the read benchmarks mount read-only)
+    #[arg(long, conflicts_with = "read_only")]
+    allow_writes: bool,
     /// Accepted for compatibility with mount-s3; this binary always stays in the foreground
     #[arg(long, short = 'f')]
     foreground: bool,
@@ -104,7 +107,7 @@ fn main() -> Result<()> {
     let fs_config = S3FilesystemConfig {
         cache_config: cache_config.clone(),
         s3_personality: S3Personality::Standard,
-        read_only: true,
+        read_only: !args.allow_writes,
         ..Default::default()
     };
 
@@ -132,7 +135,7 @@ fn main() -> Result<()> {
 
     let fuse_config = FuseSessionConfig::new(
         MountPoint::new(&args.mount_point)?,
-        FuseOptions { read_only: true, allow_other: args.allow_other, ..Default::default() },
+        FuseOptions { read_only: !args.allow_writes, allow_other: args.allow_other, ..Default::default() },
         args.max_threads,
     )?;
     let mp_config = MountpointConfig::new(fuse_config, fs_config, data_cache_config)?;
