@@ -205,6 +205,20 @@ where
     }
 }
 
+/// Runs `fut` on `rt` and answers `reply` with its outcome (errors counted
+/// and logged as `op`).
+fn reply_empty<F>(rt: &tokio::runtime::Handle, op: &'static str, reply: ReplyEmpty, fut: F)
+where
+    F: std::future::Future<Output = Result<(), FsError>> + Send + 'static,
+{
+    rt.spawn(async move {
+        match fut.await {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(op, &e)),
+        }
+    });
+}
+
 /// Counts one FUSE request of `op` (lookup, getattr, open, read, flush,
 /// release, ...).
 fn requested(op: &'static str) {
@@ -753,12 +767,12 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
     ) {
         requested("fsync");
         let fs = self.fs.clone();
-        self.rt.spawn(async move {
-            match fs.fsync(fh.0).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno("fsync", &e)),
-            }
-        });
+        reply_empty(
+            &self.rt,
+            "fsync",
+            reply,
+            async move { fs.fsync(fh.0).await },
+        );
     }
 
     /// Directories hold nothing to sync: every change is in S3 or staging
@@ -837,11 +851,8 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         requested("unlink");
         let fs = self.fs.clone();
         let name = name.to_owned();
-        self.rt.spawn(async move {
-            match fs.unlink(parent.0, &name).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno("unlink", &e)),
-            }
+        reply_empty(&self.rt, "unlink", reply, async move {
+            fs.unlink(parent.0, &name).await
         });
     }
 
@@ -849,11 +860,8 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         requested("rmdir");
         let fs = self.fs.clone();
         let name = name.to_owned();
-        self.rt.spawn(async move {
-            match fs.rmdir(parent.0, &name).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno("rmdir", &e)),
-            }
+        reply_empty(&self.rt, "rmdir", reply, async move {
+            fs.rmdir(parent.0, &name).await
         });
     }
 
@@ -870,14 +878,9 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         requested("rename");
         let fs = self.fs.clone();
         let (name, newname) = (name.to_owned(), newname.to_owned());
-        self.rt.spawn(async move {
-            match fs
-                .rename(parent.0, &name, newparent.0, &newname, flags.bits())
+        reply_empty(&self.rt, "rename", reply, async move {
+            fs.rename(parent.0, &name, newparent.0, &newname, flags.bits())
                 .await
-            {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno("rename", &e)),
-            }
         });
     }
 

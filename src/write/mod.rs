@@ -178,6 +178,33 @@ struct SentPart {
     len: u64,
 }
 
+impl State {
+    /// A file of `size` bytes to be uploaded as `key`, not open, at version 1.
+    fn new(key: String, size: u64) -> Self {
+        Self {
+            key,
+            size,
+            mtime: SystemTime::now(),
+            inos: Vec::new(),
+            writers: 0,
+            version: 1,
+            uploaded: 0,
+            etag: String::new(),
+            failed: None,
+            urgent: 0,
+            ready_at: None,
+            task: false,
+            gone: false,
+            in_s3: false,
+            stale_keys: Vec::new(),
+            failures: 0,
+            mpu: None,
+            part_written: Vec::new(),
+            no_early: false,
+        }
+    }
+}
+
 /// What the file system shows of a staged file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StagedAttr {
@@ -535,27 +562,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         Arc::new(Staged {
             id,
             file: Arc::new(file),
-            st: Mutex::new(State {
-                key: key.clone(),
-                size,
-                mtime: SystemTime::now(),
-                inos: Vec::new(),
-                writers: 0,
-                version: 1,
-                uploaded: 0,
-                etag: String::new(),
-                failed: None,
-                urgent: 0,
-                ready_at: None,
-                task: false,
-                gone: false,
-                in_s3: false,
-                stale_keys: Vec::new(),
-                failures: 0,
-                mpu: None,
-                part_written: Vec::new(),
-                no_early: false,
-            }),
+            st: Mutex::new(State::new(key, size)),
             settled: Notify::new(),
             wake: Notify::new(),
             record: Mutex::new(()),
@@ -1458,27 +1465,8 @@ mod tests {
     #[test]
     fn only_parts_changed_since_they_were_sent_are_stale() {
         let first = 8 << 20;
-        let mut st = State {
-            key: "k".into(),
-            size: 0,
-            mtime: SystemTime::UNIX_EPOCH,
-            inos: Vec::new(),
-            writers: 1,
-            version: 0,
-            uploaded: 0,
-            etag: String::new(),
-            failed: None,
-            urgent: 0,
-            ready_at: None,
-            task: false,
-            gone: false,
-            in_s3: false,
-            stale_keys: Vec::new(),
-            failures: 0,
-            mpu: None,
-            part_written: Vec::new(),
-            no_early: false,
-        };
+        let mut st = State::new("k".into(), 0);
+        st.writers = 1;
         // 20 MiB written: parts 1 and 2 are full, part 3 is not.
         st.version = 1;
         st.size = 20 << 20;
