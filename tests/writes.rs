@@ -420,6 +420,14 @@ fn renames_and_unlinks_keep_the_right_objects() {
     listed.sort();
     assert_eq!(listed, vec!["a", "c", "d", "dir", "y"]);
     drop(m); // Unmount uploads what is staged.
+    // Nothing is left in staging: no data file, no record (a file unlinked
+    // just after its close included).
+    let left: Vec<_> = std::fs::read_dir(&staging.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != "lock" && n != "origin")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
     let mut keys = server().keys(&b);
     keys.sort();
     assert_eq!(keys, vec!["a", "c", "d", "y"]);

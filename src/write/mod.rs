@@ -588,6 +588,11 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
             // The bytes are safe; a restart would use the older record.
             warn!(key = %record.key.escape_debug(), "writing the staging record failed: {e}");
         }
+        // Unlinked or handed over while the record was written: its
+        // removal may have come first, so this record must go too.
+        if f.st.lock().unwrap().gone {
+            self.staging.remove_record(f.id);
+        }
     }
 
     /// Waits for the right to copy the object at `key` into staging (one

@@ -215,6 +215,17 @@ impl Staging {
         self.used.fetch_sub(size, Ordering::Relaxed);
     }
 
+    /// Deletes the record of staged file `id` (a record written again
+    /// after the file was removed).
+    pub fn remove_record(&self, id: u64) {
+        let p = self.record_path(id);
+        if let Err(e) = std::fs::remove_file(&p)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %p.display(), "cannot remove a staging record: {e}");
+        }
+    }
+
     /// Staged files a previous run left: (id, record, data file), oldest
     /// first, each accounted in [`Self::used`]. A record without its data
     /// file (a crash while removing) is dropped; a data file without a
