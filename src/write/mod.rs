@@ -526,12 +526,15 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         Ok(n)
     }
 
-    /// Uploads every staged file now (delays and retry waits cut short)
-    /// and waits up to `limit` for S3 to hold them all: how many are left.
+    /// At unmount: uploads every staged file now (delays and retry waits
+    /// cut short) and waits up to `limit` for S3 to hold them all: how many
+    /// are left. The FUSE session has ended, so no handle can write any
+    /// more, whether or not its RELEASE arrived before the unmount.
     pub async fn upload_all(self: &Arc<Self>, limit: Duration) -> usize {
         let files: Vec<Arc<Staged>> = self.ov.lock().unwrap().files.values().cloned().collect();
         for f in &files {
             let mut st = f.st.lock().unwrap();
+            st.writers = 0;
             st.ready_at = Some(Instant::now());
             st.urgent = st.version;
             self.ensure_task(f, &mut st);
