@@ -551,8 +551,19 @@ fn the_open_files_limit_is_raised_to_the_hard_limit() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
-    let _ = Command::new("umount").arg(&mnt).status();
+    // Right after mounting the kernel may still call into the mount (EBUSY):
+    // a failed umount would leave the daemon serving and `wait` hanging.
+    let unmounted = wait_for(std::time::Duration::from_secs(20), || {
+        Command::new("umount")
+            .arg(&mnt)
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if unmounted.is_none() {
+        let _ = child.kill();
+    }
     let _ = child.wait();
+    assert!(unmounted.is_some(), "umount kept failing");
     let line = limits
         .lines()
         .find(|l| l.starts_with("Max open files"))
