@@ -68,6 +68,30 @@ mod pack;
 const FORMAT_DIR: &str = "lakemount-v2";
 /// Directories of older formats, removed by the background scan.
 const OLD_FORMAT_DIRS: &[&str] = &["lakemount-v1"];
+/// Takes the exclusive lock (flock) of file `lock` in `dir`, shown to the
+/// user as `shown` (config key `key`): one running lakemount per directory.
+/// Errors, naming the key: the file cannot be opened, or another process
+/// holds the lock (`what`: what each mount needs its own of).
+pub fn lock_dir(dir: &Path, key: &str, shown: &Path, what: &str) -> anyhow::Result<std::fs::File> {
+    let lock_path = dir.join("lock");
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("{key}: cannot open {}", lock_path.display()))?;
+    match lock.try_lock() {
+        Ok(()) => Ok(lock),
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "{key}: {} is in use by another running lakemount; give each mount its own {what}",
+            shown.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).context(format!("{key}: cannot lock {}", lock_path.display()))
+        }
+    }
+}
+
 /// A block read within this long is never evicted to make room: when every
 /// candidate is this young, the new block is not cached instead. Without it two
 /// readers of a data set larger than the cache evict each other's blocks before
@@ -202,23 +226,7 @@ impl DiskCache {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
             .with_context(|| format!("cache.dir: cannot chmod {}", root.display()))?;
-        let lock_path = root.join("lock");
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .with_context(|| format!("cache.dir: cannot open {}", lock_path.display()))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
-                "cache.dir: {} is in use by another running lakemount; give each mount its own cache directory",
-                dir.display()
-            ),
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(e).context(format!("cache.dir: cannot lock {}", lock_path.display()));
-            }
-        }
+        let lock = lock_dir(&root, "cache.dir", dir, "cache directory")?;
         let can_punch = objfile::probe_punch_hole(&root);
         if !can_punch {
             info!(

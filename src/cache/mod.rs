@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 
 use crate::store::{ObjectStore, Segments, StoreError};
 use crate::telemetry::metrics as m;
-pub use disk::{Backing, DiskCache, statvfs};
+pub use disk::{Backing, DiskCache, lock_dir, statvfs};
 
 /// A size given in bytes or as a percentage of the cache's file system.
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize)]

@@ -71,27 +71,7 @@ impl Staging {
             .with_context(|| format!("write.staging_dir: cannot create {}", dir.display()))?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .with_context(|| format!("write.staging_dir: cannot chmod {}", dir.display()))?;
-        let lock_path = dir.join("lock");
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .with_context(|| format!("write.staging_dir: cannot open {}", lock_path.display()))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
-                "write.staging_dir: {} is in use by another running lakemount; give each \
-                 writable mount its own staging directory",
-                dir.display()
-            ),
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(e).context(format!(
-                    "write.staging_dir: cannot lock {}",
-                    lock_path.display()
-                ));
-            }
-        }
+        let lock = crate::cache::lock_dir(dir, "write.staging_dir", dir, "staging directory")?;
         let origin_path = dir.join("origin");
         match std::fs::read_to_string(&origin_path) {
             Ok(held) if held.trim_end() == origin => {}
