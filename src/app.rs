@@ -227,6 +227,7 @@ fn mount_and_serve(source: &Source, mountpoint: &Path, config: &Config) -> anyho
     mounted.runtime().spawn(async move {
         wait_for_signal().await;
         info!("signal received, unmounting");
+        daemon::report_stopping();
         if let Err(e) = unmounter.unmount() {
             warn!("unmount failed: {e}");
         }
@@ -239,6 +240,8 @@ fn mount_and_serve(source: &Source, mountpoint: &Path, config: &Config) -> anyho
 /// plus a tokio runtime. Unmounts on [`Mounted::unmount`] or drop. The
 /// embedded demo and the CLI both use it.
 pub struct Mounted {
+    /// The control socket and metrics endpoint (stopped at unmount).
+    control: Option<telemetry::control::Control>,
     session_thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
     unmounter: Option<fuser::SessionUnmounter>,
     extra_unmounter: Option<fuser::SessionUnmounter>,
@@ -271,7 +274,7 @@ impl Mounted {
             .build()
             .context("starting the async runtime")?;
         let store = rt.block_on(async {
-            telemetry::metrics::install(config.telemetry.metrics_addr)?;
+            telemetry::metrics::install();
             // Whole read-ahead parts reuse their buffers; idle ones are at
             // most 1/8 of the budget, MAX_IDLE (64 MiB) at most.
             let pool = BufferPool::new(
@@ -295,6 +298,7 @@ impl Mounted {
                 "data cache on"
             );
         }
+        let listeners = telemetry::control::bind(mountpoint, config.telemetry.metrics_addr)?;
         let store = Arc::new(store);
         let upload_rt = if config.mount.read_only {
             None
@@ -376,7 +380,23 @@ impl Mounted {
         if config.read.kernel_read_ahead > 0 {
             set_kernel_read_ahead(mountpoint, config.read.kernel_read_ahead);
         }
+        let info = telemetry::stats::MountInfo {
+            mountpoint: mountpoint.display().to_string(),
+            bucket: source.bucket.clone(),
+            prefix: source.prefix.clone(),
+            read_only: config.mount.read_only,
+            cache_dir: config.cache.dir.as_ref().map(|d| d.display().to_string()),
+            memory_budget_bytes: config.read.budget_bytes(),
+            version: env!("CARGO_PKG_VERSION"),
+            pid: std::process::id(),
+        };
+        // Mounted already: a control endpoint that cannot start is not worth
+        // failing the mount for.
+        let control = telemetry::control::start(rt.handle(), listeners, mountpoint, info)
+            .map_err(|e| warn!("control endpoint not started: {e:#}"))
+            .ok();
         Ok(Self {
+            control,
             session_thread: Some(session_thread),
             unmounter: Some(unmounter),
             extra_unmounter: Some(extra_unmounter),
@@ -422,6 +442,7 @@ impl Mounted {
         let served = thread
             .join()
             .map_err(|_| anyhow::anyhow!("FUSE session thread panicked"))?;
+        drop(self.control.take());
         if let (Some((w, wait)), Some(rt)) = (self.writes.take(), &self.rt) {
             // Every handle is closed now: upload what is staged, for a while.
             let left = rt.block_on(w.upload_all(wait));

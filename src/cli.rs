@@ -26,6 +26,34 @@ pub enum Command {
     /// Fill the data cache of a running mount: read PATHs (files, or directories
     /// recursively) through it in parallel, skipping what is cached already.
     Warm(WarmArgs),
+    /// Live view of a running mount: bytes by source, cache hit ratio, S3
+    /// requests and their latency, read-ahead, cache, uploads.
+    Stats(StatsArgs),
+}
+
+/// `lakemount stats` arguments.
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// The mount point of a running lakemount.
+    pub mountpoint: PathBuf,
+    /// Print the stats document as JSON (bytes, seconds, counts), one line per refresh.
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh every SECS seconds until interrupted, with rates since the last refresh.
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2",
+          value_parser = parse_watch)]
+    pub watch: Option<f64>,
+    /// The control socket, when not the default one of MOUNTPOINT.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+/// `--watch` seconds: 0.1 to one day.
+fn parse_watch(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| (0.1..=86_400.0).contains(v))
+        .ok_or_else(|| format!("{s:?}: seconds from 0.1 to 86400"))
 }
 
 /// `lakemount warm` arguments.

@@ -116,11 +116,16 @@ fn send(msg: &str) {
     let _ = writeln!(f, "{msg}");
 }
 
-/// Tells a waiting parent the mount is ready (no-op in the foreground). A
+/// Tells a waiting parent the mount is ready (no-op in the foreground), and
+/// systemd with `READY=1` when `$NOTIFY_SOCKET` is set. A
 /// child sharing the parent's stderr then points its stderr at `/dev/null`:
 /// the terminal it started from may close at any time.
 pub fn report_ready() {
     send("ready");
+    // Under systemd (`Type=notify`): the unit is active from here.
+    if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+        tracing::warn!("sd_notify READY=1: {e}");
+    }
     if shares_parent_stderr()
         && let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null")
     {
@@ -137,6 +142,11 @@ pub fn report_ready() {
             }
         }
     }
+}
+
+/// Tells systemd (`$NOTIFY_SOCKET`, if set) that the daemon is unmounting.
+pub fn report_stopping() {
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
 }
 
 /// Tells a waiting parent why mounting failed (no-op in the foreground).

@@ -24,6 +24,7 @@ pub mod fs;
 pub mod fuse;
 pub mod meta;
 pub mod read;
+pub mod stats;
 pub mod store;
 pub mod telemetry;
 pub mod warm;

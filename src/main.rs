@@ -18,6 +18,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Mount(args) => lakemount::app::run_mount(args),
         Command::Warm(args) => lakemount::warm::run_warm(args).map(|_| ()),
+        Command::Stats(args) => lakemount::stats::run_stats(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

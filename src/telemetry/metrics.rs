@@ -3,7 +3,6 @@
 //! A Prometheus recorder is always installed so that the shutdown summary can
 //! read the counters; `/metrics` is served only when `telemetry.metrics_addr` is set.
 
-use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -167,37 +166,19 @@ pub const OP_DELETE: &str = "DELETE";
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
-/// Installs the global recorder once. With `addr`, also serves `/metrics` there
-/// (needs a running tokio runtime). Errors: the address cannot be bound.
-pub fn install(addr: Option<SocketAddr>) -> anyhow::Result<()> {
+/// Installs the global recorder once. It serves nothing itself: the control
+/// endpoint ([`super::control`]) renders it at `/metrics`.
+pub fn install() {
     if HANDLE.get().is_some() {
-        return Ok(());
+        return;
     }
-    // Without `addr` only the recorder is built: `PrometheusBuilder::build`
-    // would bind its default listener (0.0.0.0:9000, the port MinIO uses by
-    // default) even when nobody asked for an endpoint.
-    let Some(addr) = addr else {
-        let recorder = PrometheusBuilder::new().build_recorder();
-        let handle = recorder.handle();
-        if metrics::set_global_recorder(recorder).is_ok() {
-            let _ = HANDLE.set(handle);
-        }
-        return Ok(());
-    };
-    let (recorder, exporter) = PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .build()
-        .map_err(|e| anyhow::anyhow!("telemetry.metrics_addr: {e}"))?;
+    // `build_recorder`, not `build`: `build` would bind the exporter's own
+    // listener (0.0.0.0:9000 by default, the port MinIO uses).
+    let recorder = PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     if metrics::set_global_recorder(recorder).is_ok() {
         let _ = HANDLE.set(handle);
-        tokio::spawn(async move {
-            if let Err(e) = exporter.await {
-                tracing::error!("metrics endpoint stopped: {e:?}");
-            }
-        });
     }
-    Ok(())
 }
 
 /// The Prometheus text of every metric, or `None` before [`install`].

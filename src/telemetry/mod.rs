@@ -1,6 +1,8 @@
 //! Tracing setup and metrics. Metric names live in [`metrics`] as constants.
 
+pub mod control;
 pub mod metrics;
+pub mod stats;
 
 use tracing_subscriber::EnvFilter;
 

@@ -473,3 +473,25 @@ pub fn read_all_4(m: &Mount, files: &[(String, Vec<u8>)]) -> Vec<String> {
             .collect()
     })
 }
+
+/// `GET path` from a mount's HTTP endpoint at `addr`: the status code and the
+/// whole response (headers and body).
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::Write;
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}

@@ -1,0 +1,198 @@
+//! `lakemount stats MOUNTPOINT`: the live view of a running mount, read from
+//! its control socket (`GET /stats`, telemetry/control.rs). `--json` prints the
+//! document as it came; otherwise a few lines for a terminal, and with
+//! `--watch` the rates between two refreshes as well.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use serde_json::Value;
+
+use crate::cache::human;
+use crate::cli::StatsArgs;
+
+/// Runs `lakemount stats`. Errors: no daemon behind the socket (names the
+/// socket and the mount point), or an answer that is not the stats document.
+pub fn run_stats(args: &StatsArgs) -> anyhow::Result<()> {
+    let socket = match &args.socket {
+        Some(s) => s.clone(),
+        None => crate::telemetry::control::socket_path(&args.mountpoint),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut last: Option<(Instant, Value)> = None;
+    loop {
+        let text = rt.block_on(get(&socket, "/stats")).with_context(|| {
+            format!(
+                "no lakemount control socket answered at {} (is {} a running lakemount mount? \
+                     the socket belongs to the daemon's user: run as that user, usually root)",
+                socket.display(),
+                args.mountpoint.display()
+            )
+        })?;
+        let v: Value = serde_json::from_str(&text).context("the daemon's /stats is not JSON")?;
+        if args.json {
+            println!("{v}");
+        } else {
+            if args.watch.is_some() {
+                // Clear the terminal and go home, as watch(1) does.
+                print!("\x1b[2J\x1b[H");
+            }
+            print!(
+                "{}",
+                render(&v, last.as_ref().map(|(t, p)| (t.elapsed(), p)))
+            );
+        }
+        let Some(every) = args.watch else {
+            return Ok(());
+        };
+        last = Some((Instant::now(), v));
+        std::thread::sleep(Duration::from_secs_f64(every));
+    }
+}
+
+/// One `GET path` over the Unix socket; the body on 200.
+async fn get(socket: &Path, path: &str) -> anyhow::Result<String> {
+    let stream = tokio::net::UnixStream::connect(socket).await?;
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let req = hyper::Request::get(path)
+        .header(hyper::header::HOST, "lakemount")
+        .body(Empty::<Bytes>::new())?;
+    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+        .await
+        .context("no answer within 10 s")??;
+    let status = resp.status();
+    let body = resp.into_body().collect().await?.to_bytes();
+    let body = String::from_utf8_lossy(&body).into_owned();
+    if !status.is_success() {
+        bail!("{status}: {}", body.trim());
+    }
+    Ok(body)
+}
+
+fn num(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(0.0)
+}
+
+fn bytes(v: &Value) -> String {
+    human(num(v) as u64)
+}
+
+/// Milliseconds of a seconds value, or `-` when absent.
+fn ms(v: &Value) -> String {
+    match v.as_f64() {
+        Some(s) if s < 0.01 => format!("{:.2} ms", s * 1e3),
+        Some(s) => format!("{:.0} ms", s * 1e3),
+        None => "-".into(),
+    }
+}
+
+/// The terminal view; with `prev` (time since, document) also rates.
+fn render(v: &Value, prev: Option<(Duration, &Value)>) -> String {
+    let m = &v["mount"];
+    let r = &v["read"];
+    let mut out = String::new();
+    let mode = if m["read_only"].as_bool().unwrap_or(true) {
+        "read-only"
+    } else {
+        "read-write"
+    };
+    let cache = match m["cache_dir"].as_str() {
+        Some(d) => format!("cache {d}"),
+        None => "no disk cache".into(),
+    };
+    out += &format!(
+        "lakemount {} on {}: s3://{}/{} ({mode}, {cache}), up {:.0} s, pid {}\n",
+        m["version"].as_str().unwrap_or("?"),
+        m["mountpoint"].as_str().unwrap_or("?"),
+        m["bucket"].as_str().unwrap_or("?"),
+        m["prefix"].as_str().unwrap_or(""),
+        num(&v["uptime_secs"]),
+        m["pid"],
+    );
+    let sb = &r["served_bytes"];
+    let ratio = match r["hit_ratio"].as_f64() {
+        Some(h) => format!("{:.1}%", h * 100.0),
+        None => "-".into(),
+    };
+    out += &format!(
+        "read        {} to readers, {} from S3 GETs; cache hit ratio {ratio} \
+         (memory {}, disk {}, S3 {}); {} passthrough opens\n",
+        bytes(&r["fuse_read_bytes"]),
+        bytes(&r["s3_get_bytes"]),
+        bytes(&sb["memory"]),
+        bytes(&sb["disk"]),
+        bytes(&sb["s3"]),
+        num(&r["passthrough_opens"]),
+    );
+    if let Some((dt, p)) = prev {
+        let rate = |now: &Value, before: &Value| {
+            human(((num(now) - num(before)).max(0.0) / dt.as_secs_f64().max(1e-3)) as u64)
+        };
+        out += &format!(
+            "rate        {}/s to readers, {}/s from S3\n",
+            rate(&r["fuse_read_bytes"], &p["read"]["fuse_read_bytes"]),
+            rate(&r["s3_get_bytes"], &p["read"]["s3_get_bytes"]),
+        );
+    }
+    if let Some(ops) = v["s3"].as_object() {
+        for (op, o) in ops {
+            let l = &o["latency_secs"];
+            out += &format!(
+                "S3 {op:<8} {} requests, {} errors, {} retries; latency p50 {} p95 {} p99 {}\n",
+                num(&o["requests"]),
+                num(&o["errors"]),
+                num(&o["retries"]),
+                ms(&l["p50"]),
+                ms(&l["p95"]),
+                ms(&l["p99"]),
+            );
+        }
+    }
+    let ra = &v["read_ahead"];
+    out += &format!(
+        "read-ahead  {} of the {} memory budget in use; {} fetched and dropped unread; \
+         small objects prefetched {}, opened from prefetch {}, unread {}\n",
+        bytes(&ra["memory_in_use_bytes"]),
+        bytes(&ra["memory_budget_bytes"]),
+        bytes(&ra["waste_bytes"]),
+        num(&ra["small_objects_prefetched"]),
+        num(&ra["small_prefetch_hits"]),
+        bytes(&ra["small_unread_bytes"]),
+    );
+    let c = &v["cache"];
+    if c["enabled"].as_bool().unwrap_or(false) {
+        let d = &c["device_read_secs"];
+        out += &format!(
+            "cache       {} of {} limit, {} free on its file system; device reads p50 {} p99 {}; \
+             {} evictions, {} bad pieces\n",
+            bytes(&c["disk_bytes"]),
+            bytes(&c["limit_bytes"]),
+            bytes(&c["fs_free_bytes"]),
+            ms(&d["p50"]),
+            ms(&d["p99"]),
+            num(&c["evictions"]),
+            num(&c["bad_pieces"]),
+        );
+    }
+    let w = &v["writes"];
+    if !m["read_only"].as_bool().unwrap_or(true) {
+        out += &format!(
+            "writes      {} written; staged {} files ({}), {} uploads in flight, {} uploaded, \
+             {} failed uploads\n",
+            bytes(&w["fuse_write_bytes"]),
+            num(&w["staged_files"]),
+            bytes(&w["staged_bytes"]),
+            num(&w["uploads_in_flight"]),
+            bytes(&w["uploaded_bytes"]),
+            num(&w["upload_failures"]),
+        );
+    }
+    out
+}

@@ -1,0 +1,154 @@
+//! Operating a mount: `lakemount stats`, the health endpoint, the control
+//! socket and systemd readiness, through a real mount of the test server.
+
+mod common;
+
+use std::os::unix::fs::FileTypeExt;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+/// `lakemount stats MNT --json`, parsed.
+fn stats_json(mnt: &std::path::Path) -> serde_json::Value {
+    let out = Command::new(lakemount_bin())
+        .arg("stats")
+        .arg(mnt)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stats --json prints one JSON document")
+}
+
+/// Reads `path` whole after dropping its pages from the kernel page cache, so
+/// the read reaches lakemount.
+fn read_uncached(path: &std::path::Path) -> Vec<u8> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: fadvise on a descriptor we own.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    drop(f);
+    std::fs::read(path).unwrap()
+}
+
+#[test]
+fn stats_json_counts_a_known_read_exactly() {
+    const LEN: usize = 3_000_000;
+    let b = bucket("stats");
+    server().put(&b, "shard.bin", data(LEN, 5));
+    let cache = TempDir::new("stats-cache");
+    let m = MountSpec::new(&b)
+        .args(&["--cache-dir", cache.0.to_str().unwrap()])
+        // Passthrough reads never reach lakemount, and are in no byte count.
+        .config("[cache]\npassthrough = false\n")
+        .mount();
+    assert_eq!(read_uncached(&m.p("shard.bin")), data(LEN, 5));
+    let v = stats_json(&m.path());
+    assert_eq!(v["mount"]["bucket"], b.as_str());
+    assert_eq!(v["read"]["fuse_read_bytes"], LEN, "{v:#}");
+    assert_eq!(v["read"]["s3_get_bytes"], LEN, "{v:#}");
+    assert_eq!(v["read"]["served_bytes"]["s3"], LEN, "{v:#}");
+    assert_eq!(v["read"]["hit_ratio"], 0.0, "{v:#}");
+    assert!(v["s3"]["GET"]["requests"].as_u64().unwrap() >= 1, "{v:#}");
+    assert_eq!(v["s3"]["GET"]["errors"], 0, "{v:#}");
+    assert!(v["s3"]["GET"]["latency_secs"]["p50"].as_f64().unwrap() > 0.0);
+
+    // The same bytes again come from the cache, none from S3.
+    assert_eq!(read_uncached(&m.p("shard.bin")), data(LEN, 5));
+    let w = stats_json(&m.path());
+    let cached = w["read"]["served_bytes"]["memory"].as_u64().unwrap()
+        + w["read"]["served_bytes"]["disk"].as_u64().unwrap();
+    assert_eq!(w["read"]["fuse_read_bytes"], 2 * LEN, "{w:#}");
+    assert_eq!(cached, LEN as u64, "{w:#}");
+    assert_eq!(w["read"]["s3_get_bytes"], LEN, "{w:#}");
+    assert_eq!(w["read"]["hit_ratio"], 0.5, "{w:#}");
+
+    // The terminal view says the same.
+    let out = Command::new(lakemount_bin())
+        .arg("stats")
+        .arg(m.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("cache hit ratio 50.0%"), "{text}");
+    assert!(text.contains("S3 GET"), "{text}");
+}
+
+#[test]
+fn stats_of_a_path_that_is_not_a_mount_names_the_socket() {
+    let dir = TempDir::new("not-a-mount");
+    let out = Command::new(lakemount_bin())
+        .arg("stats")
+        .arg(&dir.0)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("no lakemount control socket answered at"),
+        "{err}"
+    );
+    assert!(err.contains(".sock"), "{err}");
+}
+
+#[test]
+fn health_endpoint_and_control_socket_live_as_long_as_the_mount() {
+    let b = bucket("health");
+    server().put(&b, "a", "x");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut m = Mount::new(&b, &["--metrics-addr", &addr]);
+    let (status, body) = http_get(&addr, "/healthz");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.ends_with("ok\n"), "{body}");
+    // Ready once the first statfs probe came back (it runs at start).
+    let ready = wait_for(Duration::from_secs(10), || {
+        http_get(&addr, "/readyz").0 == 200
+    });
+    assert!(ready.is_some(), "{}", http_get(&addr, "/readyz").1);
+    let (status, body) = http_get(&addr, "/metrics");
+    assert_eq!(status, 200);
+    assert!(body.contains("lakemount_s3_requests_total"), "{body}");
+    let (status, body) = http_get(&addr, "/stats");
+    assert_eq!(status, 200);
+    assert!(body.contains("\"bucket\":\""), "{body}");
+    assert_eq!(http_get(&addr, "/nope").0, 404);
+
+    let socket = lakemount::telemetry::control::socket_path(&m.path());
+    let meta = std::fs::metadata(&socket).expect("control socket exists while mounted");
+    assert!(meta.file_type().is_socket());
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+    assert!(!socket.exists(), "control socket left after unmount");
+    assert!(std::net::TcpStream::connect(&addr).is_err());
+}
+
+#[test]
+fn systemd_hears_ready_once_mounted_and_stopping_at_sigterm() {
+    let dir = TempDir::new("notify");
+    let sock_path = dir.0.join("notify.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let b = bucket("notify");
+    server().put(&b, "a", "x");
+    let mut m = MountSpec::new(&b)
+        .env("NOTIFY_SOCKET", sock_path.to_str().unwrap())
+        .mount();
+    let mut buf = [0u8; 256];
+    let n = sock.recv(&mut buf).expect("no READY=1 within 20 s");
+    let msg = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(msg.lines().any(|l| l == "READY=1"), "{msg:?}");
+    // READY=1 comes after the mount answers.
+    assert_eq!(std::fs::read(m.p("a")).unwrap(), b"x");
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+    let n = sock.recv(&mut buf).expect("no STOPPING=1 at SIGTERM");
+    let msg = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(msg.lines().any(|l| l == "STOPPING=1"), "{msg:?}");
+}
