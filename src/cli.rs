@@ -226,9 +226,30 @@ impl Source {
 impl MountArgs {
     /// The config file (if any) with this command line laid over it, validated.
     pub fn to_config(&self) -> Result<Config, ConfigError> {
-        let mut c = match &self.config {
-            Some(path) => Config::from_file(path)?,
-            None => Config::default(),
+        // `-o SECTION.KEY=VALUE` options are laid over the file's TOML.
+        let dotted: Vec<(&str, &str)> = self
+            .options
+            .iter()
+            .filter_map(|o| o.trim().split_once('='))
+            .filter(|(k, _)| k.contains('.'))
+            .collect();
+        let mut c = match (&self.config, dotted.is_empty()) {
+            (Some(path), true) => Config::from_file(path)?,
+            (None, true) => Config::default(),
+            (path, false) => {
+                let text = match path {
+                    Some(p) => std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                        path: p.display().to_string(),
+                        source,
+                    })?,
+                    None => String::new(),
+                };
+                let label = match path {
+                    Some(p) => format!("{} with -o", p.display()),
+                    None => "-o".to_string(),
+                };
+                Config::from_toml(&overlay(&text, &dotted, &label)?, &label)?
+            }
         };
         let s3 = &mut c.s3;
         set(&mut s3.endpoint_url, self.endpoint_url.clone());
@@ -262,10 +283,11 @@ impl MountArgs {
                 }
                 Some(("file_mode", v)) => m.file_mode = parse_octal(v).map_err(invalid)?,
                 Some(("dir_mode", v)) => m.dir_mode = parse_octal(v).map_err(invalid)?,
+                Some((k, _)) if k.contains('.') => {} // laid over the file above
                 _ => {
                     return Err(invalid(format!(
                         "unknown option {opt:?}; accepted: allow_other, ro, rw, uid=N, gid=N, \
-                         file_mode=OCTAL, dir_mode=OCTAL"
+                         file_mode=OCTAL, dir_mode=OCTAL, SECTION.KEY=VALUE (a config key)"
                     )));
                 }
             }
@@ -311,6 +333,37 @@ impl MountArgs {
         c.validate()?;
         Ok(c)
     }
+}
+
+/// `text` (TOML) with each `(SECTION.KEY, VALUE)` set: VALUE as a TOML value
+/// when it is one (`60`, `true`, `0o644`), else as a string (`100GiB`,
+/// `/nvme/cache`). Errors name `label` and the key.
+fn overlay(text: &str, keys: &[(&str, &str)], label: &str) -> Result<String, ConfigError> {
+    let parse_err = |message: String| ConfigError::Parse {
+        path: label.to_string(),
+        message,
+    };
+    let mut root: toml::Table = toml::from_str(text).map_err(|e| parse_err(e.to_string()))?;
+    for (key, value) in keys {
+        let parts: Vec<&str> = key.split('.').collect();
+        if parts.iter().any(|p| p.is_empty()) {
+            return Err(parse_err(format!("bad key {key:?} (SECTION.KEY=VALUE)")));
+        }
+        let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(value.to_string()));
+        let mut table = &mut root;
+        for p in &parts[..parts.len() - 1] {
+            table = table
+                .entry(p.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+                .ok_or_else(|| parse_err(format!("{key}: {p} is not a section")))?;
+        }
+        table.insert(parts[parts.len() - 1].to_string(), value);
+    }
+    Ok(root.to_string())
 }
 
 /// Overrides `slot` when the command line gave a value.
@@ -368,5 +421,41 @@ mod tests {
         assert!(c.mount.allow_other);
         assert_eq!(c.mount.uid, Some(12));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn dotted_options_set_config_keys() {
+        let cli = Cli::parse_from([
+            "lakemount",
+            "mount",
+            "s3://bkt",
+            "/mnt",
+            "-o",
+            "metadata.ttl_secs=60,cache.max_size=10GiB,cache.dir=/nvme/c,mount.file_mode=0o600",
+        ]);
+        let Command::Mount(args) = cli.command else {
+            panic!("not a mount command")
+        };
+        let c = args.to_config().unwrap();
+        assert_eq!(c.metadata.ttl_secs, 60.0);
+        assert_eq!(c.cache.max_size, crate::cache::Size::Bytes(10 << 30));
+        assert_eq!(
+            c.cache.dir.as_deref(),
+            Some(std::path::Path::new("/nvme/c"))
+        );
+        assert_eq!(c.mount.file_mode, 0o600);
+        let cli = Cli::parse_from([
+            "lakemount",
+            "mount",
+            "s3://bkt",
+            "/mnt",
+            "-o",
+            "cache.nope=1",
+        ]);
+        let Command::Mount(args) = cli.command else {
+            panic!("not a mount command")
+        };
+        let e = args.to_config().unwrap_err().to_string();
+        assert!(e.contains("-o") && e.contains("nope"), "{e}");
     }
 }

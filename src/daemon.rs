@@ -20,6 +20,16 @@ const READY_FD_ENV: &str = "LAKEMOUNT_DAEMON_READY_FD";
 /// parent's terminal until it reports, then `/dev/null`.
 const SHARED_STDERR_ENV: &str = "LAKEMOUNT_DAEMON_SHARED_STDERR";
 
+/// The command line the child is started with, when not this process's own
+/// (`mount.lakemount` translates its arguments first). argv[0] included.
+static COMMAND_LINE: std::sync::OnceLock<Vec<std::ffi::OsString>> = std::sync::OnceLock::new();
+
+/// Makes [`spawn_and_wait`] start the child with `argv` (argv[0] included)
+/// instead of this process's arguments. Only the first call counts.
+pub fn set_command_line(argv: Vec<std::ffi::OsString>) {
+    let _ = COMMAND_LINE.set(argv);
+}
+
 /// Whether this process is the detached child.
 pub fn is_child() -> bool {
     std::env::var_os(READY_FD_ENV).is_some()
@@ -59,7 +69,11 @@ pub fn spawn_and_wait(log_file: Option<&Path>) -> anyhow::Result<()> {
     if log_file.is_none() {
         cmd.env(SHARED_STDERR_ENV, "1");
     }
-    cmd.args(std::env::args_os().skip(1))
+    let args: Vec<std::ffi::OsString> = match COMMAND_LINE.get() {
+        Some(a) => a.iter().skip(1).cloned().collect(),
+        None => std::env::args_os().skip(1).collect(),
+    };
+    cmd.args(args)
         .env(READY_FD_ENV, fds[1].to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())

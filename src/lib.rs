@@ -21,6 +21,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod fs;
+pub mod fstab;
 pub mod fuse;
 pub mod meta;
 pub mod read;

@@ -4,7 +4,20 @@ use clap::{CommandFactory, Parser};
 use lakemount::cli::{Cli, Command};
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let argv = match argv.first() {
+        Some(a0) if lakemount::fstab::is_helper(a0) => match helper(&argv) {
+            Ok(Some(args)) => args,
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{}: {e}", lakemount::fstab::HELPER_NAME);
+                // mount(8)'s exit status for a usage error.
+                return ExitCode::from(1);
+            }
+        },
+        _ => argv,
+    };
+    let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(e) => {
             let note = env_source_note(&e);
@@ -32,6 +45,32 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `mount.lakemount` (run by mount(8)): the `lakemount mount` arguments, or
+/// `None` for `-f` (nothing to mount). Creates the default log directory.
+fn helper(argv: &[std::ffi::OsString]) -> Result<Option<Vec<std::ffi::OsString>>, String> {
+    let h = lakemount::fstab::translate(argv)?;
+    for o in &h.ignored {
+        eprintln!(
+            "{}: ignoring unknown option {o:?} (-s)",
+            lakemount::fstab::HELPER_NAME
+        );
+    }
+    if h.fake || h.verbose {
+        let cmd: Vec<String> = h
+            .args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        eprintln!("{}: {}", lakemount::fstab::HELPER_NAME, cmd.join(" "));
+    }
+    if h.fake {
+        return Ok(None);
+    }
+    let _ = std::fs::create_dir_all(lakemount::fstab::DEFAULT_LOG_DIR);
+    lakemount::daemon::set_command_line(h.args.clone());
+    Ok(Some(h.args))
 }
 
 /// For a bad value that came from an environment variable rather than the

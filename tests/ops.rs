@@ -152,3 +152,129 @@ fn systemd_hears_ready_once_mounted_and_stopping_at_sigterm() {
     let msg = String::from_utf8_lossy(&buf[..n]).to_string();
     assert!(msg.lines().any(|l| l == "STOPPING=1"), "{msg:?}");
 }
+
+/// Waits (10 s at most) for the daemon behind `mnt` to be gone after `umount`.
+fn unmount_and_wait(mnt: &std::path::Path) {
+    let st = Command::new("umount").arg(mnt).status().unwrap();
+    assert!(st.success());
+    let socket = lakemount::telemetry::control::socket_path(mnt);
+    let gone = wait_for(Duration::from_secs(10), || !socket.exists());
+    assert!(
+        gone.is_some(),
+        "the daemon of {} did not exit",
+        mnt.display()
+    );
+}
+
+#[test]
+fn the_fstab_helper_mounts_in_the_background_and_umount_stops_it() {
+    let b = bucket("fstab");
+    server().put(&b, "d/a.bin", data(5000, 9));
+    let dir = TempDir::new("fstab");
+    let helper = dir.0.join(lakemount::fstab::HELPER_NAME);
+    std::os::unix::fs::symlink(lakemount_bin(), &helper).unwrap();
+    let mnt = dir.0.join("m");
+    std::fs::create_dir(&mnt).unwrap();
+    let log = dir.0.join("log");
+    // As mount(8) runs it for `s3://B DIR lakemount _netdev,... 0 0`.
+    let opts = format!(
+        "rw,_netdev,nofail,endpoint_url={},region=us-east-1,log_file={},metadata.ttl_secs=5,uid=1234",
+        server().endpoint(),
+        log.display()
+    );
+    let out = Command::new(&helper)
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .arg(format!("s3://{b}"))
+        .arg(&mnt)
+        .args(["-o", &opts])
+        .output()
+        .unwrap();
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        log_text()
+    );
+    // Returned only once mounted: no wait needed.
+    assert!(is_mounted(&mnt), "{}", log_text());
+    assert_eq!(std::fs::read(mnt.join("d/a.bin")).unwrap(), data(5000, 9));
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(mnt.join("d/a.bin")).unwrap().uid(), 1234);
+    // `rw` (which mount(8) always passes) did not make it writable.
+    let e = std::fs::write(mnt.join("new"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    unmount_and_wait(&mnt);
+    assert!(log_text().contains("mounted"), "{}", log_text());
+
+    // A bad option stops it before anything is mounted, naming the option.
+    let out = Command::new(&helper)
+        .arg(format!("s3://{b}"))
+        .arg(&mnt)
+        .args(["-o", "rw,frobnicate"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown option \"frobnicate\""), "{err}");
+    assert!(!is_mounted(&mnt));
+}
+
+#[test]
+fn mount_8_runs_the_helper_for_an_fstab_line() {
+    // mount(8) looks for helpers in /sbin only: the test installs its symlink
+    // there when no other mount.lakemount is installed.
+    let installed = std::path::Path::new("/sbin").join(lakemount::fstab::HELPER_NAME);
+    if let Ok(target) = std::fs::read_link(&installed) {
+        assert_eq!(
+            target,
+            std::path::Path::new(lakemount_bin()),
+            "another mount.lakemount is installed in /sbin"
+        );
+    } else {
+        std::os::unix::fs::symlink(lakemount_bin(), &installed).unwrap();
+    }
+    struct Remove(std::path::PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _remove = Remove(installed);
+    let b = bucket("fstab8");
+    server().put(&b, "x", "hello");
+    let dir = TempDir::new("fstab8");
+    let mnt = dir.0.join("m");
+    std::fs::create_dir(&mnt).unwrap();
+    let fstab = dir.0.join("fstab");
+    let log = dir.0.join("log");
+    std::fs::write(
+        &fstab,
+        format!(
+            "# test\ns3://{b} {} lakemount _netdev,nofail,endpoint_url={},region=us-east-1,log_file={} 0 0\n",
+            mnt.display(),
+            server().endpoint(),
+            log.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new("mount")
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .arg("--fstab")
+        .arg(&fstab)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_eq!(std::fs::read(mnt.join("x")).unwrap(), b"hello");
+    unmount_and_wait(&mnt);
+}
