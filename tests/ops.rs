@@ -278,3 +278,35 @@ fn mount_8_runs_the_helper_for_an_fstab_line() {
     assert_eq!(std::fs::read(mnt.join("x")).unwrap(), b"hello");
     unmount_and_wait(&mnt);
 }
+
+/// The `lakemount.toml: |` block of a ConfigMap manifest, unindented.
+fn configmap_toml(yaml: &str) -> String {
+    let mut lines = yaml.lines().skip_while(|l| l.trim() != "lakemount.toml: |");
+    lines.next().expect("a `lakemount.toml: |` block");
+    let body: Vec<&str> = lines
+        .take_while(|l| l.is_empty() || l.starts_with("    "))
+        .collect();
+    body.iter()
+        .map(|l| l.strip_prefix("    ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn the_kubernetes_config_map_holds_a_valid_config() {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let yaml = std::fs::read_to_string(format!("{dir}/deploy/kubernetes/configmap.yaml")).unwrap();
+    let text = configmap_toml(&yaml);
+    assert!(text.contains("[cache]"), "{text}");
+    let c = lakemount::config::Config::from_toml(&text, "configmap.yaml").unwrap();
+    c.validate().unwrap();
+    assert!(c.mount.allow_other);
+    // The probes and the Prometheus annotation use this port.
+    assert_eq!(c.telemetry.metrics_addr.unwrap().port(), 9464);
+    let ds = std::fs::read_to_string(format!("{dir}/deploy/kubernetes/daemonset.yaml")).unwrap();
+    assert!(ds.contains("containerPort: 9464"));
+    assert_eq!(
+        c.cache.dir.as_deref(),
+        Some(std::path::Path::new("/var/cache/lakemount"))
+    );
+}
