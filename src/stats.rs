@@ -167,6 +167,13 @@ fn render(v: &Value, prev: Option<(Duration, &Value)>) -> String {
         bytes(&ra["small_unread_bytes"]),
     );
     let c = &v["cache"];
+    if c["device_slow"].as_bool().unwrap_or(false) {
+        out += &format!(
+            "ALARM       the cache device's reads stay above twice their reference \
+             ({} reads sent to S3 instead)\n",
+            num(&c["device_bypassed_reads"])
+        );
+    }
     if c["enabled"].as_bool().unwrap_or(false) {
         let d = &c["device_read_secs"];
         out += &format!(

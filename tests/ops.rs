@@ -310,3 +310,193 @@ fn the_kubernetes_config_map_holds_a_valid_config() {
         Some(std::path::Path::new("/var/cache/lakemount"))
     );
 }
+
+/// A small ext4 file system on a loop device, for a cache whose device the
+/// test can slow down; removed on drop.
+struct LoopFs {
+    img: TempDir,
+    dev: String,
+    mnt: std::path::PathBuf,
+}
+
+impl LoopFs {
+    fn new(mib: u64) -> Self {
+        let img = TempDir::new("loopfs");
+        let file = img.0.join("fs.img");
+        std::fs::File::create(&file)
+            .unwrap()
+            .set_len(mib << 20)
+            .unwrap();
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "losetup (a loop device is needed to slow a cache device down): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dev = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let ok = Command::new("mkfs.ext4")
+            .args(["-q", "-F", &dev])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mkfs.ext4 {dev}");
+        let mnt = img.0.join("m");
+        std::fs::create_dir(&mnt).unwrap();
+        let ok = Command::new("mount").arg(&dev).arg(&mnt).status().unwrap();
+        assert!(ok.success(), "mount {dev}");
+        Self { img, dev, mnt }
+    }
+
+    /// `MAJOR:MINOR` of the loop device.
+    fn dev_numbers(&self) -> String {
+        use std::os::unix::fs::MetadataExt;
+        let rdev = std::fs::metadata(&self.dev).unwrap().rdev();
+        format!("{}:{}", libc::major(rdev), libc::minor(rdev))
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
+        let _ = &self.img;
+    }
+}
+
+/// A block-I/O cgroup that limits reads of one device to `iops` per second
+/// for the processes moved into it (cgroup v1 blkio or v2 io); removed on drop.
+struct ReadThrottle {
+    dir: std::path::PathBuf,
+    root_procs: std::path::PathBuf,
+    pids: Vec<u32>,
+}
+
+impl ReadThrottle {
+    fn new(dev: &str, iops: u32) -> Self {
+        let name = format!("lakemount-test-{}", std::process::id());
+        let v1 = std::path::Path::new("/sys/fs/cgroup/blkio");
+        if v1.join("blkio.throttle.read_iops_device").exists() {
+            let dir = v1.join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(
+                dir.join("blkio.throttle.read_iops_device"),
+                format!("{dev} {iops}"),
+            )
+            .unwrap();
+            return Self {
+                dir,
+                root_procs: v1.join("cgroup.procs"),
+                pids: Vec::new(),
+            };
+        }
+        let v2 = std::path::Path::new("/sys/fs/cgroup");
+        let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+io");
+        let dir = v2.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("io.max"), format!("{dev} riops={iops}"))
+            .expect("neither cgroup v1 blkio nor v2 io throttling is available");
+        Self {
+            dir,
+            root_procs: v2.join("cgroup.procs"),
+            pids: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        self.pids.push(pid);
+    }
+}
+
+impl Drop for ReadThrottle {
+    fn drop(&mut self) {
+        for pid in &self.pids {
+            let _ = std::fs::write(&self.root_procs, pid.to_string());
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The value of the first sample of `/metrics` that starts with `series`.
+fn metric(addr: &str, series: &str) -> Option<f64> {
+    scrape(addr)
+        .lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn a_slowed_cache_device_raises_the_alarm_and_reads_go_to_s3() {
+    const LEN: usize = 16 << 20;
+    let fs = LoopFs::new(256);
+    let b = bucket("slowdev");
+    server().put(&b, "shard.bin", data(LEN, 11));
+    let addr = format!("127.0.0.1:{}", free_port());
+    let cache = fs.mnt.join("cache");
+    let m = MountSpec::new(&b)
+        .args(&[
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "--metrics-addr",
+            &addr,
+        ])
+        // Every read a disk-cache read: no memory tier, no passthrough.
+        .config("[cache]\nmemory_size = 0\npassthrough = false\n")
+        .mount();
+    let file = m.p("shard.bin");
+    assert_eq!(read_uncached(&file), data(LEN, 11));
+    let cached = wait_for(Duration::from_secs(20), || {
+        metric(&addr, "lakemount_cache_disk_bytes").unwrap_or(0.0) >= LEN as f64
+    });
+    assert!(cached.is_some(), "the shard never reached the disk cache");
+    // The reference: reads of the healthy device (its pages dropped each time).
+    for _ in 0..16 {
+        std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+        assert_eq!(read_uncached(&file), data(LEN, 11));
+    }
+    assert_eq!(
+        metric(&addr, "lakemount_cache_device_slow{kind=\"block\"}"),
+        None,
+        "healthy device called slow:\n{}",
+        m.log()
+    );
+    let s3_before = metric(&addr, "lakemount_s3_get_bytes_total").unwrap();
+
+    let mut throttle = ReadThrottle::new(&fs.dev_numbers(), 50);
+    throttle.add(m.child.as_ref().unwrap().id());
+    let slow = wait_for(Duration::from_secs(30), || {
+        std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+        assert_eq!(read_uncached(&file), data(LEN, 11));
+        metric(&addr, "lakemount_cache_device_slow{kind=\"block\"}") == Some(1.0)
+    });
+    assert!(
+        slow.is_some(),
+        "no alarm for a throttled device:\n{}\n{}",
+        scrape(&addr)
+            .lines()
+            .filter(|l| l.contains("cache_") && !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        m.log()
+    );
+    assert!(
+        m.log()
+            .contains("cache device reads are more than twice as slow"),
+        "{}",
+        m.log()
+    );
+    // Slower than the (loopback) S3 server: reads go there instead, right bytes.
+    std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+    assert_eq!(read_uncached(&file), data(LEN, 11));
+    let bypassed = metric(
+        &addr,
+        "lakemount_cache_device_bypassed_total{kind=\"block\"}",
+    );
+    assert!(bypassed.unwrap_or(0.0) > 0.0, "{}", scrape(&addr));
+    assert!(metric(&addr, "lakemount_s3_get_bytes_total").unwrap() > s3_before);
+    drop(throttle);
+    drop(m);
+}

@@ -58,6 +58,7 @@ use index::{Index, Obj, alloc_size};
 use pack::Packer;
 
 mod evict;
+pub mod health;
 pub use evict::statvfs;
 mod index;
 mod pack;
@@ -125,14 +126,6 @@ const WARN_INTERVAL: Duration = Duration::from_secs(60);
 /// (the map is created first) and is removed by the scan.
 const ORPHAN_AGE: Duration = Duration::from_secs(60);
 
-/// Running latency baseline of cache reads, for the failing-device warning.
-struct Latency {
-    slow: f64,
-    fast: f64,
-    samples: u64,
-    last_warn: Option<Instant>,
-}
-
 /// A fully cached, sealed object handed out for FUSE passthrough: the open
 /// data file, and a pin that keeps the object from eviction until dropped.
 pub struct Backing {
@@ -181,7 +174,8 @@ pub struct DiskCache {
     /// Most writers that ran at once.
     #[cfg(test)]
     peak_writers: std::sync::atomic::AtomicUsize,
-    latency: Mutex<Latency>,
+    /// Read latency against its reference (the slow-device alarm).
+    health: health::DeviceHealth,
     last_write_warn: Mutex<Option<Instant>>,
     /// The cache's file system frees a block's space by punching a hole
     /// (probed at open); without it objects are evicted whole.
@@ -281,12 +275,7 @@ impl DiskCache {
             backlog: Mutex::new(Backlog::default()),
             #[cfg(test)]
             peak_writers: std::sync::atomic::AtomicUsize::new(0),
-            latency: Mutex::new(Latency {
-                slow: 0.0,
-                fast: 0.0,
-                samples: 0,
-                last_warn: None,
-            }),
+            health: health::DeviceHealth::default(),
             last_write_warn: Mutex::new(None),
             _lock: lock,
         });
@@ -443,6 +432,11 @@ impl DiskCache {
         ix.limit
     }
 
+    /// Read latency of this cache's device (the slow-device alarm).
+    pub fn health(&self) -> &health::DeviceHealth {
+        &self.health
+    }
+
     /// [`DiskCache::read`] of a packed object (`size` below
     /// `cache.passthrough_min_size` and one block), without waiting for
     /// anything but one `pread` of a pack file (and, at most once per
@@ -472,6 +466,9 @@ impl DiskCache {
         }
         if self.packable(size) {
             return self.read_packed(pk.obj, len);
+        }
+        if self.health.bypass(health::ReadKind::Block) {
+            return None;
         }
         self.load(pk.obj, size);
         let now = SystemTime::now();
@@ -524,7 +521,8 @@ impl DiskCache {
             self.discard(pk, crc, "failed its CRC32C check");
             return None;
         }
-        self.sample_latency(started.elapsed());
+        self.health
+            .sample(health::ReadKind::Block, started.elapsed(), &self.root);
         let (persist, seal) = {
             let mut ix = self.index.lock().unwrap();
             let persist = ix

@@ -422,7 +422,15 @@ impl Cache {
             let fetches = runs.iter().map(|&(a, b)| {
                 let start = (first + a as u64) * bs;
                 let end = ((first + b as u64) * bs).min(size);
-                async move { (a, store.get_range(key, start..end, etag).await) }
+                async move {
+                    let started = Instant::now();
+                    let res = store.get_range(key, start..end, etag).await;
+                    if res.is_ok() {
+                        let blocks = (b - a) as u64;
+                        self.disk.health().sample_s3(started.elapsed(), blocks);
+                    }
+                    (a, res)
+                }
             });
             for (a, res) in futures::future::join_all(fetches).await {
                 let data = res?;

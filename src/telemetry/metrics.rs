@@ -140,6 +140,15 @@ pub const CACHE_DISK_BYTES: &str = "lakemount_cache_disk_bytes";
 pub const CACHE_LIMIT_BYTES: &str = "lakemount_cache_limit_bytes";
 /// Gauge: free bytes on the cache's file system.
 pub const CACHE_FS_FREE_BYTES: &str = "lakemount_cache_fs_free_bytes";
+/// Gauge: recent cache-device read latency over its reference, label `kind`
+/// (block, packed).
+pub const CACHE_DEVICE_LATENCY_RATIO: &str = "lakemount_cache_device_latency_ratio";
+/// Gauge: 1 while the cache device's reads of `kind` stay above twice their
+/// reference, else 0.
+pub const CACHE_DEVICE_SLOW: &str = "lakemount_cache_device_slow";
+/// Counter: cache reads of `kind` sent to S3 because the device was slow
+/// and slower than S3.
+pub const CACHE_DEVICE_BYPASSED: &str = "lakemount_cache_device_bypassed_total";
 
 /// `op` label of ListObjectsV2.
 pub const OP_LIST: &str = "LIST";

@@ -201,6 +201,8 @@ pub fn stats(metrics: &str, info: &MountInfo, uptime_secs: f64) -> Value {
             "evictions": s.sum(m::CACHE_EVICTIONS, &[]),
             "bad_pieces": s.sum(m::CACHE_BAD_PIECES, &[]),
             "device_read_secs": s.quantiles(m::CACHE_READ_SECONDS, &[]),
+            "device_slow": s.sum(m::CACHE_DEVICE_SLOW, &[]) > 0.0,
+            "device_bypassed_reads": s.sum(m::CACHE_DEVICE_BYPASSED, &[]),
         },
         "writes": {
             "fuse_write_bytes": s.sum(m::FUSE_WRITE_BYTES, &[]),

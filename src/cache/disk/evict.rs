@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use tracing::{debug, info, warn};
 
@@ -461,35 +461,6 @@ impl DiskCache {
                 path = %path.display(),
                 "cache {what} failed: {e}; reading from S3 instead (further cache I/O errors \
                  are counted in lakemount_cache_skipped_total, warned once a minute)"
-            );
-        }
-    }
-
-    /// Keeps a slow (long-run) and a fast moving average of read latency and
-    /// warns when the fast one exceeds twice the slow one: a failing SSD slows
-    /// down before it fails.
-    pub(super) fn sample_latency(&self, took: Duration) {
-        let t = took.as_secs_f64();
-        let mut l = self.latency.lock().unwrap();
-        l.samples += 1;
-        if l.samples == 1 {
-            l.slow = t;
-            l.fast = t;
-            return;
-        }
-        l.slow += (t - l.slow) * 0.001;
-        l.fast += (t - l.fast) * 0.05;
-        if l.samples > 1000
-            && l.fast > 2.0 * l.slow
-            && l.last_warn.is_none_or(|w| w.elapsed() >= WARN_INTERVAL)
-        {
-            l.last_warn = Some(Instant::now());
-            warn!(
-                recent_ms = l.fast * 1e3,
-                baseline_ms = l.slow * 1e3,
-                dir = %self.root.display(),
-                "cache device reads are more than twice as slow as their baseline; \
-                 check the device (a failing SSD slows down before it fails)"
             );
         }
     }

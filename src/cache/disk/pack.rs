@@ -178,6 +178,9 @@ impl DiskCache {
     /// or bad (a bad one is dropped and counted). Before the restart scan has
     /// indexed the packs, waits for it ([`PACK_SCAN_WAIT`]).
     pub(super) fn read_packed(&self, obj: ObjectId, len: u64) -> Option<Bytes> {
+        if self.health.bypass(super::health::ReadKind::Packed) {
+            return None;
+        }
         let key = PieceKey {
             obj,
             idx: PACKED_IDX,
@@ -213,7 +216,11 @@ impl DiskCache {
             self.discard_packed(obj, loc, "failed its CRC32C check");
             return None;
         }
-        self.sample_latency(started.elapsed());
+        self.health.sample(
+            super::health::ReadKind::Packed,
+            started.elapsed(),
+            &self.root,
+        );
         let persist = {
             let mut ix = self.index.lock().unwrap();
             let persist = ix
