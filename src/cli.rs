@@ -29,6 +29,31 @@ pub enum Command {
     /// Live view of a running mount: bytes by source, cache hit ratio, S3
     /// requests and their latency, read-ahead, cache, uploads.
     Stats(StatsArgs),
+    /// Short baseline through a running mount (metadata walk, small files, one
+    /// sequential read) that names the likely bottleneck.
+    Doctor(DoctorArgs),
+}
+
+/// `lakemount doctor` arguments.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// The mount point of a running lakemount (or a directory in it to test).
+    pub mountpoint: PathBuf,
+    /// Print the measurements and findings as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Directory entries the metadata walk stats at most.
+    #[arg(long, default_value_t = 5000)]
+    pub max_entries: u64,
+    /// Small files (at most 1 MiB) read at most.
+    #[arg(long, default_value_t = 200)]
+    pub small_files: usize,
+    /// Bytes of the largest file the sequential read reads at most: "256MiB".
+    #[arg(long, value_parser = parse_bytes, default_value = "256MiB")]
+    pub seq_bytes: u64,
+    /// Seconds each step may take at most.
+    #[arg(long, default_value_t = 30.0)]
+    pub max_secs: f64,
 }
 
 /// `lakemount stats` arguments.

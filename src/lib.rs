@@ -20,6 +20,7 @@ pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod doctor;
 pub mod fs;
 pub mod fstab;
 pub mod fuse;

@@ -32,6 +32,7 @@ fn main() -> ExitCode {
         Command::Mount(args) => lakemount::app::run_mount(args),
         Command::Warm(args) => lakemount::warm::run_warm(args).map(|_| ()),
         Command::Stats(args) => lakemount::stats::run_stats(args),
+        Command::Doctor(args) => lakemount::doctor::run_doctor(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

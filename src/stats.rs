@@ -55,6 +55,16 @@ pub fn run_stats(args: &StatsArgs) -> anyhow::Result<()> {
     }
 }
 
+/// The daemon's `/stats` document from its control socket. Errors: nothing
+/// answers there, or the answer is not JSON.
+pub fn fetch(socket: &Path) -> anyhow::Result<Value> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let text = rt.block_on(get(socket, "/stats"))?;
+    serde_json::from_str(&text).context("the daemon's /stats is not JSON")
+}
+
 /// One `GET path` over the Unix socket; the body on 200.
 async fn get(socket: &Path, path: &str) -> anyhow::Result<String> {
     let stream = tokio::net::UnixStream::connect(socket).await?;

@@ -430,6 +430,7 @@ fn metric(addr: &str, series: &str) -> Option<f64> {
 
 #[test]
 fn a_slowed_cache_device_raises_the_alarm_and_reads_go_to_s3() {
+    let _serial = measuring();
     const LEN: usize = 16 << 20;
     let fs = LoopFs::new(256);
     let b = bucket("slowdev");
@@ -499,4 +500,100 @@ fn a_slowed_cache_device_raises_the_alarm_and_reads_go_to_s3() {
     assert!(metric(&addr, "lakemount_s3_get_bytes_total").unwrap() > s3_before);
     drop(throttle);
     drop(m);
+}
+
+/// Held by the tests that measure (doctor) or read hard (the slowed device),
+/// so that one's reads are not the others' busy CPU.
+static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn measuring() -> std::sync::MutexGuard<'static, ()> {
+    MEASURING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `lakemount doctor MNT --json`, parsed; panics with its stderr on failure.
+fn doctor(mnt: &std::path::Path) -> serde_json::Value {
+    let out = Command::new(lakemount_bin())
+        .arg("doctor")
+        .arg(mnt)
+        .args(["--json", "--seq-bytes", "32MiB"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("doctor --json prints one JSON document")
+}
+
+/// 40 small files in two directories and one 32 MiB shard.
+fn doctor_data(server: &TestServer, b: &str) {
+    for i in 0..40 {
+        server.put(
+            b,
+            &format!("small/d{}/f{i:02}", i % 2),
+            data(6000 + i, i as u64),
+        );
+    }
+    server.put(b, "shards/s0.bin", data(32 << 20, 77));
+}
+
+#[test]
+fn doctor_names_s3_latency_when_the_server_answers_slowly() {
+    let _serial = measuring();
+    let srv = private_server();
+    let b = "doctor-latency";
+    srv.create_bucket(b);
+    doctor_data(&srv, b);
+    for op in ["GetObject", "ListObjectsV2"] {
+        srv.set_delay(op, "", Duration::from_millis(40));
+    }
+    let m = MountSpec::new(b).server(&srv).mount();
+    let v = doctor(&m.path());
+    assert_eq!(v["bottleneck"], "s3-latency-bound", "{v:#}");
+    assert_eq!(v["sequential"]["bytes"], 32 << 20);
+    assert_eq!(v["small_files"]["files"], 40);
+}
+
+#[test]
+fn doctor_names_a_tiny_memory_budget() {
+    let _serial = measuring();
+    let b = bucket("doctor-budget");
+    doctor_data(server(), &b);
+    let m = MountSpec::new(&b)
+        .config("[read]\npart_size = 1048576\nmemory_budget = \"2MiB\"\n")
+        .mount();
+    let v = doctor(&m.path());
+    assert_eq!(v["bottleneck"], "memory-budget-too-small", "{v:#}");
+}
+
+#[test]
+fn doctor_names_a_slow_cache_device() {
+    let _serial = measuring();
+    let fs = LoopFs::new(256);
+    let b = bucket("doctor-device");
+    doctor_data(server(), &b);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let cache = fs.mnt.join("cache");
+    let m = MountSpec::new(&b)
+        .args(&[
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "--metrics-addr",
+            &addr,
+        ])
+        .config("[cache]\nmemory_size = 0\npassthrough = false\n")
+        .mount();
+    let shard = m.p("shards/s0.bin");
+    assert_eq!(read_uncached(&shard), data(32 << 20, 77));
+    let cached = wait_for(Duration::from_secs(20), || {
+        metric(&addr, "lakemount_cache_disk_bytes").unwrap_or(0.0) >= (32 << 20) as f64
+    });
+    assert!(cached.is_some(), "the shard never reached the disk cache");
+    std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+    let mut throttle = ReadThrottle::new(&fs.dev_numbers(), 50);
+    throttle.add(m.child.as_ref().unwrap().id());
+    let v = doctor(&m.path());
+    drop(throttle);
+    assert_eq!(v["bottleneck"], "cache-device-slow", "{v:#}");
 }

@@ -118,14 +118,21 @@ impl Samples {
     }
 
     /// p50 / p95 / p99 of a summary (the recorder's quantiles over its
-    /// rolling window), seconds; `null` where it has no samples.
+    /// rolling window), seconds, `null` where it has no samples; and the
+    /// summary's `sum` (seconds) and `count` since start.
     fn quantiles(&self, name: &str, want: &[(&str, &str)]) -> Value {
         let q = |p: &str| {
             let mut w = want.to_vec();
             w.push(("quantile", p));
             self.get(name, &w)
         };
-        json!({ "p50": q("0.5"), "p95": q("0.95"), "p99": q("0.99") })
+        json!({
+            "p50": q("0.5"),
+            "p95": q("0.95"),
+            "p99": q("0.99"),
+            "sum": self.sum(&format!("{name}_sum"), want),
+            "count": self.sum(&format!("{name}_count"), want),
+        })
     }
 }
 
