@@ -402,6 +402,16 @@ fn set<T>(slot: &mut Option<T>, v: Option<T>) {
 mod tests {
     use super::*;
 
+    /// The config of `lakemount mount s3://bkt /mnt ARGS...`.
+    fn config_of(args: &[&str]) -> Result<Config, ConfigError> {
+        let argv = ["lakemount", "mount", "s3://bkt", "/mnt"];
+        let cli = Cli::parse_from(argv.iter().chain(args));
+        let Command::Mount(args) = cli.command else {
+            panic!("not a mount command")
+        };
+        args.to_config()
+    }
+
     #[test]
     fn sources() {
         let s = Source::parse("s3://my-bucket/a/b").unwrap();
@@ -425,22 +435,15 @@ mod tests {
             "[metadata]\nttl_secs = 5.0\n[mount]\nfile_mode = 0o600\n",
         )
         .unwrap();
-        let cli = Cli::parse_from([
-            "lakemount",
-            "mount",
-            "s3://bkt",
-            "/mnt",
+        let c = config_of(&[
             "--config",
             file.to_str().unwrap(),
             "--metadata-ttl",
             "7",
             "-o",
             "allow_other,uid=12",
-        ]);
-        let Command::Mount(args) = cli.command else {
-            panic!("not a mount command")
-        };
-        let c = args.to_config().unwrap();
+        ])
+        .unwrap();
         assert_eq!(c.metadata.ttl_secs, 7.0);
         assert_eq!(c.mount.file_mode, 0o600);
         assert!(c.mount.allow_other);
@@ -450,18 +453,11 @@ mod tests {
 
     #[test]
     fn dotted_options_set_config_keys() {
-        let cli = Cli::parse_from([
-            "lakemount",
-            "mount",
-            "s3://bkt",
-            "/mnt",
+        let c = config_of(&[
             "-o",
             "metadata.ttl_secs=60,cache.max_size=10GiB,cache.dir=/nvme/c,mount.file_mode=0o600",
-        ]);
-        let Command::Mount(args) = cli.command else {
-            panic!("not a mount command")
-        };
-        let c = args.to_config().unwrap();
+        ])
+        .unwrap();
         assert_eq!(c.metadata.ttl_secs, 60.0);
         assert_eq!(c.cache.max_size, crate::cache::Size::Bytes(10 << 30));
         assert_eq!(
@@ -469,18 +465,7 @@ mod tests {
             Some(std::path::Path::new("/nvme/c"))
         );
         assert_eq!(c.mount.file_mode, 0o600);
-        let cli = Cli::parse_from([
-            "lakemount",
-            "mount",
-            "s3://bkt",
-            "/mnt",
-            "-o",
-            "cache.nope=1",
-        ]);
-        let Command::Mount(args) = cli.command else {
-            panic!("not a mount command")
-        };
-        let e = args.to_config().unwrap_err().to_string();
+        let e = config_of(&["-o", "cache.nope=1"]).unwrap_err().to_string();
         assert!(e.contains("-o") && e.contains("nope"), "{e}");
     }
 }

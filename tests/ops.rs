@@ -428,31 +428,39 @@ fn metric(addr: &str, series: &str) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
-#[test]
-fn a_slowed_cache_device_raises_the_alarm_and_reads_go_to_s3() {
-    let _serial = measuring();
-    const LEN: usize = 16 << 20;
+/// A mount of `b` whose disk cache is on a fresh loop-device file system
+/// (no memory tier, no passthrough: every cached read is a device read),
+/// after `path` (`len` bytes of `data(len, seed)`) was read once and reached
+/// the disk cache. Returns the file system, the mount and its metrics address.
+fn mount_on_loop_cache(b: &str, path: &str, len: usize, seed: u64) -> (LoopFs, Mount, String) {
     let fs = LoopFs::new(256);
-    let b = bucket("slowdev");
-    server().put(&b, "shard.bin", data(LEN, 11));
     let addr = format!("127.0.0.1:{}", free_port());
     let cache = fs.mnt.join("cache");
-    let m = MountSpec::new(&b)
+    let m = MountSpec::new(b)
         .args(&[
             "--cache-dir",
             cache.to_str().unwrap(),
             "--metrics-addr",
             &addr,
         ])
-        // Every read a disk-cache read: no memory tier, no passthrough.
         .config("[cache]\nmemory_size = 0\npassthrough = false\n")
         .mount();
-    let file = m.p("shard.bin");
-    assert_eq!(read_uncached(&file), data(LEN, 11));
+    assert_eq!(read_uncached(&m.p(path)), data(len, seed));
     let cached = wait_for(Duration::from_secs(20), || {
-        metric(&addr, "lakemount_cache_disk_bytes").unwrap_or(0.0) >= LEN as f64
+        metric(&addr, "lakemount_cache_disk_bytes").unwrap_or(0.0) >= len as f64
     });
-    assert!(cached.is_some(), "the shard never reached the disk cache");
+    assert!(cached.is_some(), "{path} never reached the disk cache");
+    (fs, m, addr)
+}
+
+#[test]
+fn a_slowed_cache_device_raises_the_alarm_and_reads_go_to_s3() {
+    let _serial = measuring();
+    const LEN: usize = 16 << 20;
+    let b = bucket("slowdev");
+    server().put(&b, "shard.bin", data(LEN, 11));
+    let (fs, m, addr) = mount_on_loop_cache(&b, "shard.bin", LEN, 11);
+    let file = m.p("shard.bin");
     // The reference: reads of the healthy device (its pages dropped each time).
     for _ in 0..16 {
         std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
@@ -570,26 +578,9 @@ fn doctor_names_a_tiny_memory_budget() {
 #[test]
 fn doctor_names_a_slow_cache_device() {
     let _serial = measuring();
-    let fs = LoopFs::new(256);
     let b = bucket("doctor-device");
     doctor_data(server(), &b);
-    let addr = format!("127.0.0.1:{}", free_port());
-    let cache = fs.mnt.join("cache");
-    let m = MountSpec::new(&b)
-        .args(&[
-            "--cache-dir",
-            cache.to_str().unwrap(),
-            "--metrics-addr",
-            &addr,
-        ])
-        .config("[cache]\nmemory_size = 0\npassthrough = false\n")
-        .mount();
-    let shard = m.p("shards/s0.bin");
-    assert_eq!(read_uncached(&shard), data(32 << 20, 77));
-    let cached = wait_for(Duration::from_secs(20), || {
-        metric(&addr, "lakemount_cache_disk_bytes").unwrap_or(0.0) >= (32 << 20) as f64
-    });
-    assert!(cached.is_some(), "the shard never reached the disk cache");
+    let (fs, m, _addr) = mount_on_loop_cache(&b, "shards/s0.bin", 32 << 20, 77);
     std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
     let mut throttle = ReadThrottle::new(&fs.dev_numbers(), 50);
     throttle.add(m.child.as_ref().unwrap().id());
