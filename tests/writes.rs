@@ -474,3 +474,37 @@ fn parts_are_sent_while_the_file_is_written() {
         server.request_counts()
     );
 }
+
+/// Writes do not each ask the daemon for `security.capability` (the kernel's
+/// kill-privileges check): with FUSE_HANDLE_KILLPRIV_V2 it asks once per file.
+#[test]
+fn writes_send_no_getxattr_each() {
+    let b = bucket("w-xattr");
+    let staging = TempDir::new("staging");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .args(&[
+            "--read-write",
+            "--staging-dir",
+            staging.0.to_str().unwrap(),
+            "--metrics-addr",
+            &addr,
+        ])
+        .mount();
+    let chunk = data(1 << 20, 4);
+    let mut f = std::fs::File::create(m.p("x.bin")).unwrap();
+    for _ in 0..64 {
+        f.write_all(&chunk).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    let body = scrape(&addr);
+    let count = |op: &str| -> u64 {
+        let series = format!("lakemount_fuse_requests_total{{op=\"{op}\"}} ");
+        body.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
+    assert!(count("write") >= 64, "{body}");
+    assert!(count("getxattr") <= 2, "{body}");
+}

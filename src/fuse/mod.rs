@@ -364,6 +364,17 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
             // object opened with O_TRUNC would be copied in first.
             debug!(?missing, "kernel lacks FUSE_ATOMIC_O_TRUNC");
         }
+        // The daemon kills suid/sgid and capabilities itself: it has none to
+        // kill (modes are the mount's, setattr ignores chmod, no security
+        // xattrs). Without it the kernel asks for `security.capability` (a
+        // getxattr round trip) before every write; with it the superblock is
+        // SB_NOSEC and the kernel stops asking after a file's first write
+        // (process_init_reply, fs/fuse/inode.c).
+        if self.fs.writable()
+            && let Err(missing) = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
+        {
+            debug!(?missing, "kernel lacks FUSE_HANDLE_KILLPRIV_V2");
+        }
         for cap in [
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_PARALLEL_DIROPS,
