@@ -380,6 +380,7 @@ impl Mounted {
         if config.read.kernel_read_ahead > 0 {
             set_kernel_read_ahead(mountpoint, config.read.kernel_read_ahead);
         }
+        telemetry::metrics::register_alarm_series(cache.is_some(), !config.mount.read_only);
         let info = telemetry::stats::MountInfo {
             mountpoint: mountpoint.display().to_string(),
             bucket: source.bucket.clone(),

@@ -64,9 +64,10 @@ pub struct StatsArgs {
     /// Print the stats document as JSON (bytes, seconds, counts), one line per refresh.
     #[arg(long)]
     pub json: bool,
-    /// Refresh every SECS seconds until interrupted, with rates since the last refresh.
+    /// Refresh every SECS seconds (default 2; `--watch=5`) until interrupted,
+    /// with rates since the last refresh.
     #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2",
-          value_parser = parse_watch)]
+          require_equals = true, value_parser = parse_watch)]
     pub watch: Option<f64>,
     /// The control socket, when not the default one of MOUNTPOINT.
     #[arg(long, value_name = "PATH")]
@@ -270,10 +271,28 @@ impl MountArgs {
                     None => String::new(),
                 };
                 let label = match path {
-                    Some(p) => format!("{} with -o", p.display()),
-                    None => "-o".to_string(),
+                    Some(p) => format!("{} with the -o options", p.display()),
+                    None => "the -o options".to_string(),
                 };
-                Config::from_toml(&overlay(&text, &dotted, &label)?, &label)?
+                Config::from_toml(&overlay(&text, &dotted, &label)?, &label).map_err(|e| {
+                    // Name the -o option at fault, not a line of a file nobody wrote.
+                    dotted
+                        .iter()
+                        .find_map(|kv| {
+                            let one = overlay(&text, std::slice::from_ref(kv), &label).ok()?;
+                            let ConfigError::Parse { message, .. } =
+                                Config::from_toml(&one, &label).err()?
+                            else {
+                                return None;
+                            };
+                            let why = message.lines().last().unwrap_or_default().to_string();
+                            Some(ConfigError::Invalid {
+                                key: "-o",
+                                message: format!("{}={}: {why}", kv.0, kv.1),
+                            })
+                        })
+                        .unwrap_or(e)
+                })?
             }
         };
         let s3 = &mut c.s3;
@@ -466,6 +485,26 @@ mod tests {
         );
         assert_eq!(c.mount.file_mode, 0o600);
         let e = config_of(&["-o", "cache.nope=1"]).unwrap_err().to_string();
-        assert!(e.contains("-o") && e.contains("nope"), "{e}");
+        assert!(
+            e.starts_with("invalid value for -o: cache.nope=1: unknown field `nope`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn watch_takes_no_operand_as_its_value() {
+        let cli = Cli::parse_from(["lakemount", "stats", "--watch", "/mnt/x"]);
+        let Command::Stats(a) = cli.command else {
+            panic!("not stats")
+        };
+        assert_eq!(
+            (a.watch, a.mountpoint.to_str()),
+            (Some(2.0), Some("/mnt/x"))
+        );
+        let cli = Cli::parse_from(["lakemount", "stats", "/mnt/x", "--watch=0.5"]);
+        let Command::Stats(a) = cli.command else {
+            panic!("not stats")
+        };
+        assert_eq!(a.watch, Some(0.5));
     }
 }

@@ -133,7 +133,7 @@ fn render(v: &Value, prev: Option<(Duration, &Value)>) -> String {
     };
     out += &format!(
         "read        {} to readers, {} from S3 GETs; cache hit ratio {ratio} \
-         (memory {}, disk {}, S3 {}); {} passthrough opens\n",
+         (memory {}, disk {}, S3 {}); {} passthrough opens (the kernel reads those: in no count)\n",
         bytes(&r["fuse_read_bytes"]),
         bytes(&r["s3_get_bytes"]),
         bytes(&sb["memory"]),

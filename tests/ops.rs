@@ -468,7 +468,7 @@ fn a_slowed_cache_device_raises_the_alarm_and_reads_go_to_s3() {
     }
     assert_eq!(
         metric(&addr, "lakemount_cache_device_slow{kind=\"block\"}"),
-        None,
+        Some(0.0),
         "healthy device called slow:\n{}",
         m.log()
     );
@@ -587,4 +587,40 @@ fn doctor_names_a_slow_cache_device() {
     let v = doctor(&m.path());
     drop(throttle);
     assert_eq!(v["bottleneck"], "cache-device-slow", "{v:#}");
+}
+
+#[test]
+fn alarm_series_exist_at_zero_from_the_start() {
+    let b = bucket("alarms");
+    server().put(&b, "a", "x");
+    let cache = TempDir::new("alarm-cache");
+    let staging = TempDir::new("alarm-staging");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _m = Mount::new(
+        &b,
+        &[
+            "--cache-dir",
+            cache.0.to_str().unwrap(),
+            "--read-write",
+            "--staging-dir",
+            staging.0.to_str().unwrap(),
+            "--metrics-addr",
+            &addr,
+        ],
+    );
+    for series in [
+        "lakemount_cache_bad_pieces_total",
+        "lakemount_prefetch_budget_refusals_total",
+        "lakemount_prefetch_unused_bytes_total",
+        "lakemount_write_upload_failures_total",
+        "lakemount_cache_device_slow{kind=\"block\"}",
+        "lakemount_cache_device_slow{kind=\"packed\"}",
+    ] {
+        assert_eq!(
+            metric(&addr, series),
+            Some(0.0),
+            "{series}:\n{}",
+            scrape(&addr)
+        );
+    }
 }

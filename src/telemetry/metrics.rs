@@ -190,6 +190,29 @@ pub fn install() {
     }
 }
 
+/// Creates, at 0, the series an admin alarms on, so that an "any increase"
+/// rule sees its first event (a series that first appears at 1 has no
+/// increase in Prometheus). `cache`: a disk cache is on; `writable`: a
+/// writable mount.
+pub fn register_alarm_series(cache: bool, writable: bool) {
+    metrics::counter!(PREFETCH_BUDGET_REFUSALS).increment(0);
+    metrics::counter!(PREFETCH_UNUSED_BYTES).increment(0);
+    metrics::counter!(S3_GET_BYTES).increment(0);
+    metrics::counter!(FUSE_READ_BYTES).increment(0);
+    if cache {
+        metrics::counter!(CACHE_BAD_PIECES).increment(0);
+        metrics::counter!(CACHE_EVICTIONS).increment(0);
+        for kind in ["block", "packed"] {
+            metrics::gauge!(CACHE_DEVICE_SLOW, "kind" => kind).set(0.0);
+            metrics::counter!(CACHE_DEVICE_BYPASSED, "kind" => kind).increment(0);
+        }
+    }
+    if writable {
+        metrics::counter!(WRITE_UPLOAD_FAILURES).increment(0);
+        metrics::gauge!(WRITE_STAGED_BYTES).increment(0.0);
+    }
+}
+
 /// The Prometheus text of every metric, or `None` before [`install`].
 pub fn render() -> Option<String> {
     HANDLE.get().map(|h| h.render())
