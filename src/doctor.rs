@@ -29,8 +29,11 @@ const SLOW_S3_SECS: f64 = 0.020;
 /// A cache device whose mean read is slower than this, and slower than S3,
 /// is the bottleneck.
 const SLOW_DEVICE_SECS: f64 = 0.005;
-/// A walk slower than this many entries per second is metadata-bound.
+/// A walk slower than this many entries per second is metadata-bound ...
 const SLOW_WALK_PER_SEC: f64 = 1000.0;
+/// ... when it saw at least this many (a few entries behind one LIST say
+/// nothing about the rate).
+const MIN_WALK: u64 = 500;
 /// Node CPU idle below this share during the sequential read: CPU-bound ...
 const BUSY_IDLE: f64 = 0.10;
 /// ... when the read lasted at least this many seconds.
@@ -89,8 +92,12 @@ pub struct Measured {
     pub seq_idle: Option<f64>,
     /// Daemon CPU cores used during the sequential read.
     pub seq_daemon_cores: Option<f64>,
-    /// The daemon's stats before and after.
+    /// The daemon's stats before the baseline.
     pub before: Value,
+    /// ... after the walk and the small files, before the sequential read:
+    /// S3 latency is taken from this part (small GETs, LISTs), not from the
+    /// sequential read's GETs, whose time is mostly their 8 MiB bodies.
+    pub mid: Value,
     /// The daemon's stats after the baseline.
     pub after: Value,
 }
@@ -105,15 +112,30 @@ impl Measured {
         get(&self.after) - get(&self.before)
     }
 
-    /// Mean seconds of the summary at `path` over the baseline (its sum and
-    /// count deltas); `None` without samples.
+    /// Mean seconds of the summary at `path` between `from` and `to` (its
+    /// sum and count deltas); `None` without samples.
+    fn mean_between(from: &Value, to: &Value, path: &[&str]) -> Option<f64> {
+        let get = |v: &Value, last: &str| {
+            let v = path.iter().fold(v, |v, k| &v[*k]);
+            v[last].as_f64().unwrap_or(0.0)
+        };
+        let n = get(to, "count") - get(from, "count");
+        (n > 0.0).then(|| (get(to, "sum") - get(from, "sum")) / n)
+    }
+
+    /// Mean over the whole baseline.
     fn mean(&self, path: &[&str]) -> Option<f64> {
-        let mut sum = path.to_vec();
-        sum.push("sum");
-        let mut count = path.to_vec();
-        count.push("count");
-        let n = self.delta(&count);
-        (n > 0.0).then(|| self.delta(&sum) / n)
+        Self::mean_between(&self.before, &self.after, path)
+    }
+
+    /// Mean S3 latency of `op` over the walk and the small files.
+    fn s3_latency(&self, op: &str) -> Option<f64> {
+        let mid = if self.mid.is_null() {
+            &self.after
+        } else {
+            &self.mid
+        };
+        Self::mean_between(&self.before, mid, &["s3", op, "latency_secs"])
     }
 
     /// Every finding, the likely bottleneck first, each with its reason.
@@ -123,12 +145,8 @@ impl Measured {
         // Means over the baseline, not the recorder's rolling quantiles: a
         // slow device with half its reads answered from read-ahead pages has
         // a fast median.
-        let get_p50 = self
-            .mean(&["s3", "GET", "latency_secs"])
-            .or(f(&a["s3"]["GET"]["latency_secs"]["p50"]));
-        let list_p50 = self
-            .mean(&["s3", "LIST", "latency_secs"])
-            .or(f(&a["s3"]["LIST"]["latency_secs"]["p50"]));
+        let get_p50 = self.s3_latency("GET");
+        let list_p50 = self.s3_latency("LIST");
         let dev_p50 = self.mean(&["cache", "device_read_secs"]);
         let disk_bytes = self.delta(&["read", "served_bytes", "disk"]);
         let device_slow = a["cache"]["device_slow"].as_bool().unwrap_or(false);
@@ -186,7 +204,7 @@ impl Measured {
             ));
         }
         let walk_rate = self.walk_entries as f64 / self.walk_secs.max(1e-9);
-        if self.walk_entries > 0 && walk_rate < SLOW_WALK_PER_SEC {
+        if self.walk_entries >= MIN_WALK && walk_rate < SLOW_WALK_PER_SEC {
             out.push((
                 Bottleneck::Metadata,
                 format!(
@@ -234,7 +252,7 @@ fn ms(s: Option<f64>) -> String {
 /// Runs `lakemount doctor`. Errors: not a running lakemount mount (no control
 /// socket answers), or the mount cannot be read at all.
 pub fn run_doctor(args: &DoctorArgs) -> anyhow::Result<()> {
-    let socket = crate::telemetry::control::socket_path(&args.mountpoint);
+    let socket = crate::telemetry::control::socket_path(&mount_root(&args.mountpoint));
     let stats = || {
         crate::stats::fetch(&socket).with_context(|| {
             format!(
@@ -270,13 +288,14 @@ pub fn run_doctor(args: &DoctorArgs) -> anyhow::Result<()> {
     eprintln!("lakemount doctor: reading {} small files ...", small.len());
     let t = Instant::now();
     for (p, _) in &small {
-        read_uncached(p, u64::MAX)?;
+        read_uncached_until(p, u64::MAX, None)?;
         m.small_files += 1;
         if t.elapsed() > deadline {
             break;
         }
     }
     m.small_secs = t.elapsed().as_secs_f64();
+    m.mid = stats()?;
 
     if let Some((p, _)) = files
         .iter()
@@ -287,7 +306,7 @@ pub fn run_doctor(args: &DoctorArgs) -> anyhow::Result<()> {
         let pid = m.before["mount"]["pid"].as_u64();
         let (cpu0, proc0) = (node_cpu(), pid.and_then(process_cpu_secs));
         let t = Instant::now();
-        m.seq_bytes = read_uncached(p, args.seq_bytes)?;
+        m.seq_bytes = read_uncached_until(p, args.seq_bytes, Some(t + deadline))?;
         m.seq_secs = t.elapsed().as_secs_f64();
         if let (Some((busy0, total0)), Some((busy1, total1))) = (cpu0, node_cpu()) {
             let total = (total1 - total0).max(1) as f64;
@@ -319,10 +338,21 @@ fn walk(
     let mut files = Vec::new();
     let mut dirs = VecDeque::from([root.to_path_buf()]);
     while let Some(d) = dirs.pop_front() {
-        let rd = std::fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))?;
+        // The root must list; below it, an entry that vanished or fails is
+        // skipped (it is a data set being changed, not the mount failing).
+        let rd = match std::fs::read_dir(&d) {
+            Ok(rd) => rd,
+            Err(e) if d != root => {
+                eprintln!("lakemount doctor: skipping {}: {e}", d.display());
+                continue;
+            }
+            Err(e) => return Err(e).with_context(|| format!("listing {}", d.display())),
+        };
         for e in rd {
-            let e = e?;
-            let meta = std::fs::symlink_metadata(e.path())?;
+            let Ok(e) = e else { continue };
+            let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+                continue;
+            };
             *entries += 1;
             if meta.is_dir() {
                 dirs.push_back(e.path());
@@ -337,9 +367,28 @@ fn walk(
     Ok(files)
 }
 
+/// The mount point holding `p` (`p` itself, or the last ancestor on the same
+/// device), so that a directory inside a mount finds the mount's socket.
+fn mount_root(p: &Path) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(mut cur) = std::fs::canonicalize(p) else {
+        return p.to_path_buf();
+    };
+    let Ok(dev) = std::fs::metadata(&cur).map(|m| m.dev()) else {
+        return cur;
+    };
+    while let Some(parent) = cur.parent() {
+        match std::fs::metadata(parent) {
+            Ok(m) if m.dev() == dev => cur = parent.to_path_buf(),
+            _ => break,
+        }
+    }
+    cur
+}
+
 /// Reads up to `limit` bytes of `path` after dropping its page cache, so the
-/// bytes come through lakemount. Returns the bytes read.
-fn read_uncached(path: &Path, limit: u64) -> anyhow::Result<u64> {
+/// bytes come through lakemount, stopping at `until`. Returns the bytes read.
+fn read_uncached_until(path: &Path, limit: u64, until: Option<Instant>) -> anyhow::Result<u64> {
     let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     // SAFETY: fadvise on a descriptor we own.
     unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
@@ -354,6 +403,9 @@ fn read_uncached(path: &Path, limit: u64) -> anyhow::Result<u64> {
             break;
         }
         n += got as u64;
+        if until.is_some_and(|u| Instant::now() >= u) {
+            break;
+        }
     }
     Ok(n)
 }
@@ -459,13 +511,15 @@ mod tests {
     use super::*;
 
     fn stats(get_p50: f64, dev_p50: Option<f64>, refusals: u64, disk: u64) -> Value {
+        // The "before" stats (all zero) have no samples yet.
+        let n = if get_p50 > 0.0 { 10.0 } else { 0.0 };
         let dev = dev_p50.map_or(
             json!({"sum": 0, "count": 0}),
             |d| json!({"sum": d * 10.0, "count": 10}),
         );
         json!({
-            "s3": {"GET": {"requests": 10, "latency_secs": {"p50": get_p50, "sum": get_p50 * 10.0, "count": 10}},
-                   "LIST": {"requests": 2, "latency_secs": {"p50": get_p50, "sum": get_p50 * 2.0, "count": 2}}},
+            "s3": {"GET": {"requests": 10, "latency_secs": {"p50": get_p50, "sum": get_p50 * n, "count": n}},
+                   "LIST": {"requests": 2, "latency_secs": {"p50": get_p50, "sum": get_p50 * n, "count": n}}},
             "cache": {"enabled": true, "device_slow": false,
                       "device_read_secs": dev},
             "read": {"served_bytes": {"disk": disk}, "read_wait_secs": {"p95": 0.0}},
@@ -485,6 +539,7 @@ mod tests {
             seq_idle: Some(0.5),
             seq_daemon_cores: Some(0.5),
             before: stats(0.0, None, 0, 0),
+            mid: Value::Null,
             after,
         }
     }
