@@ -93,6 +93,15 @@ pub fn spawn_and_wait(log_file: Option<&Path>) -> anyhow::Result<()> {
         .context("waiting for the daemon")?;
     match line.trim_end().split_once(' ') {
         _ if line.trim_end() == "ready" => {
+            // Under systemd with --daemon (Type=notify, NotifyAccess=main):
+            // the main process says the child is the service now.
+            let _ = sd_notify::notify(
+                false,
+                &[
+                    sd_notify::NotifyState::MainPid(child.id()),
+                    sd_notify::NotifyState::Ready,
+                ],
+            );
             eprintln!(
                 "lakemount: mounted, running in the background as pid {}",
                 child.id()

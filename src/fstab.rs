@@ -164,6 +164,10 @@ pub fn translate(argv: &[OsString]) -> Result<Helper, String> {
             ));
         }
     }
+    // `mount -o ro` (or -r) over an fstab line with read_write: ro wins.
+    if mount_opts.iter().any(|o| o == "ro") {
+        args.retain(|a| a != "--read-write");
+    }
     if !mount_opts.is_empty() {
         args.push("-o".into());
         args.push(mount_opts.join(",").into());
@@ -254,6 +258,8 @@ mod tests {
         assert_eq!(a[a.len() - 2..], ["--log-file", "/l"]);
         let a = t(&["s3://bkt", "/m", "-r"]).unwrap();
         assert_eq!(a[5..7], ["-o", "ro"]);
+        let a = t(&["s3://bkt", "/m", "-o", "read_write,ro"]).unwrap();
+        assert!(!a.contains(&"--read-write".to_string()), "{a:?}");
     }
 
     #[test]

@@ -6,15 +6,19 @@ use lakemount::cli::{Cli, Command};
 fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let argv = match argv.first() {
-        Some(a0) if lakemount::fstab::is_helper(a0) => match helper(&argv) {
-            Ok(Some(args)) => args,
-            Ok(None) => return ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("{}: {e}", lakemount::fstab::HELPER_NAME);
-                // mount(8)'s exit status for a usage error.
-                return ExitCode::from(1);
+        // A daemon child re-executed from a copy named mount.lakemount gets
+        // the translated arguments already.
+        Some(a0) if lakemount::fstab::is_helper(a0) && !lakemount::daemon::is_child() => {
+            match helper(&argv) {
+                Ok(Some(args)) => args,
+                Ok(None) => return ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("{}: {e}", lakemount::fstab::HELPER_NAME);
+                    // mount(8)'s exit status for a usage error.
+                    return ExitCode::from(1);
+                }
             }
-        },
+        }
         _ => argv,
     };
     let cli = match Cli::try_parse_from(&argv) {

@@ -2,7 +2,8 @@
 //! mount's control socket (always) and on `telemetry.metrics_addr` (when set).
 //!
 //! - `GET /metrics`: the Prometheus text of every metric.
-//! - `GET /stats`: the JSON of [`super::stats::stats`] (`lakemount stats`).
+//! - `GET /stats`: the JSON of [`super::stats::stats`] (`lakemount stats`);
+//!   on the control socket only (it names buckets, paths and the pid).
 //! - `GET /healthz`: 200 while the FUSE session answers (a `statfs` of the mount
 //!   point, which the kernel always sends to the daemon, succeeded within the
 //!   last [`HEALTHY_WITHIN`]); 503 with the reason otherwise.
@@ -90,7 +91,10 @@ pub fn escape(p: &Path) -> String {
             out.push('-');
         }
         for (j, &b) in comp.iter().enumerate() {
-            let plain = b.is_ascii_alphanumeric() || b == b':' || b == b'_' || (b == b'.' && j > 0);
+            let plain = b.is_ascii_alphanumeric()
+                || b == b':'
+                || b == b'_'
+                || (b == b'.' && (i > 0 || j > 0));
             if plain {
                 out.push(b as char);
             } else {
@@ -144,6 +148,10 @@ impl Health {
 /// socket file.
 pub struct Control {
     socket: PathBuf,
+    /// (dev, ino) of the socket file this process bound: only that file is
+    /// removed at drop, not a newer daemon's at the same path (a lazily
+    /// unmounted session that ends after the next mount started).
+    socket_id: Option<(u64, u64)>,
     health: Arc<Health>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -153,14 +161,30 @@ pub struct Control {
 pub struct Listeners {
     unix: Option<std::os::unix::net::UnixListener>,
     socket: PathBuf,
+    socket_id: Option<(u64, u64)>,
     tcp: Option<std::net::TcpListener>,
 }
 
 impl Drop for Listeners {
     fn drop(&mut self) {
         if self.unix.is_some() {
-            let _ = std::fs::remove_file(&self.socket);
+            remove_own(&self.socket, self.socket_id);
         }
+    }
+}
+
+/// (dev, ino) of the file at `p`.
+fn file_id(p: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+/// Removes the socket file at `p` if it is still the one bound (`id`).
+fn remove_own(p: &Path, id: Option<(u64, u64)>) {
+    if id.is_some() && file_id(p) == id {
+        let _ = std::fs::remove_file(p);
     }
 }
 
@@ -188,8 +212,10 @@ pub fn bind(mountpoint: &Path, tcp: Option<std::net::SocketAddr>) -> anyhow::Res
         .with_context(|| format!("control socket {}", socket.display()))?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
     unix.set_nonblocking(true)?;
+    let socket_id = file_id(&socket);
     Ok(Listeners {
         unix: Some(unix),
+        socket_id,
         socket,
         tcp,
     })
@@ -219,12 +245,13 @@ pub fn start(
     let mut tasks = Vec::new();
     let unix = listeners.unix.take().expect("bound in bind()");
     let socket = listeners.socket.clone();
+    let socket_id = listeners.socket_id;
     let unix = tokio::net::UnixListener::from_std(unix)?;
     let st = state.clone();
     tasks.push(rt.spawn(async move {
         loop {
             match unix.accept().await {
-                Ok((stream, _)) => serve(stream, st.clone()),
+                Ok((stream, _)) => serve(stream, st.clone(), true),
                 Err(e) => {
                     tracing::warn!("control socket: accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -238,7 +265,7 @@ pub fn start(
         tasks.push(rt.spawn(async move {
             loop {
                 match tcp.accept().await {
-                    Ok((stream, _)) => serve(stream, st.clone()),
+                    Ok((stream, _)) => serve(stream, st.clone(), false),
                     Err(e) => {
                         tracing::warn!("metrics endpoint: accept failed: {e}");
                         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -247,8 +274,17 @@ pub fn start(
             }
         }));
     }
+    // Histogram samples are drained into summaries only by upkeep.
+    tasks.push(rt.spawn(async {
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            super::metrics::upkeep();
+        }
+    }));
     Ok(Control {
         socket,
+        socket_id,
         health,
         tasks,
     })
@@ -267,7 +303,7 @@ impl Drop for Control {
         for t in &self.tasks {
             t.abort();
         }
-        let _ = std::fs::remove_file(&self.socket);
+        remove_own(&self.socket, self.socket_id);
     }
 }
 
@@ -306,23 +342,29 @@ struct State {
     health: Arc<Health>,
 }
 
-fn serve<IO>(stream: IO, state: Arc<State>)
+/// Serves one connection; `local` (the control socket) also gets `/stats`,
+/// which names buckets, paths and the pid: not for a TCP port.
+fn serve<IO>(stream: IO, state: Arc<State>, local: bool)
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     tokio::spawn(async move {
         let svc = hyper::service::service_fn(move |req| {
             let state = state.clone();
-            async move { Ok::<_, Infallible>(route(&req, &state)) }
+            async move { Ok::<_, Infallible>(route(&req, &state, local)) }
         });
         let io = hyper_util::rt::TokioIo::new(stream);
+        // A client that sends no request head in time is dropped, so idle
+        // connections cannot pile up.
         let _ = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(10))
             .serve_connection(io, svc)
             .await;
     });
 }
 
-fn route<B>(req: &Request<B>, state: &State) -> Response<Full<Bytes>> {
+fn route<B>(req: &Request<B>, state: &State, local: bool) -> Response<Full<Bytes>> {
     let text = |status: StatusCode, ctype: &'static str, body: String| {
         Response::builder()
             .status(status)
@@ -351,7 +393,7 @@ fn route<B>(req: &Request<B>, state: &State) -> Response<Full<Bytes>> {
             "text/plain; version=0.0.4",
             super::metrics::render().unwrap_or_default(),
         ),
-        "/stats" => {
+        "/stats" if local => {
             let v = super::stats::stats(
                 &super::metrics::render().unwrap_or_default(),
                 &state.info,
@@ -377,7 +419,8 @@ mod tests {
     fn escapes_like_systemd() {
         assert_eq!(escape(Path::new("/mnt/ai-data")), "mnt-ai\\x2ddata");
         assert_eq!(escape(Path::new("/")), "-");
-        assert_eq!(escape(Path::new("/a//b/.c")), "a-b-\\x2ec");
+        assert_eq!(escape(Path::new("/a//b/.c")), "a-b-.c");
+        assert_eq!(escape(Path::new("/.a")), "\\x2ea");
         assert_eq!(escape(Path::new("/x y")), "x\\x20y");
     }
 

@@ -213,6 +213,15 @@ pub fn register_alarm_series(cache: bool, writable: bool) {
     }
 }
 
+/// Drains histogram samples into their summaries. The recorder does it only
+/// when rendering; a mount nobody scrapes would otherwise keep every sample.
+/// Call every few seconds (the control endpoint does).
+pub fn upkeep() {
+    if let Some(h) = HANDLE.get() {
+        h.run_upkeep();
+    }
+}
+
 /// The Prometheus text of every metric, or `None` before [`install`].
 pub fn render() -> Option<String> {
     HANDLE.get().map(|h| h.render())
