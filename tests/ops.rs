@@ -368,26 +368,33 @@ impl Drop for LoopFs {
     }
 }
 
-/// A block-I/O cgroup that limits reads of one device to `iops` per second
-/// for the processes moved into it (cgroup v1 blkio or v2 io); removed on drop.
+/// A block-I/O cgroup that limits reads of one device to `limit` per second,
+/// reads (`Limit::Iops`) or bytes (`Limit::Bps`), for the processes moved
+/// into it (cgroup v1 blkio or v2 io); removed on drop.
 struct ReadThrottle {
     dir: std::path::PathBuf,
     root_procs: std::path::PathBuf,
     pids: Vec<u32>,
 }
 
+#[derive(Clone, Copy)]
+enum Limit {
+    Iops(u64),
+    Bps(u64),
+}
+
 impl ReadThrottle {
-    fn new(dev: &str, iops: u32) -> Self {
+    fn new(dev: &str, limit: Limit) -> Self {
+        let (v1_file, v2_key, n) = match limit {
+            Limit::Iops(n) => ("blkio.throttle.read_iops_device", "riops", n),
+            Limit::Bps(n) => ("blkio.throttle.read_bps_device", "rbps", n),
+        };
         let name = format!("lakemount-test-{}", std::process::id());
         let v1 = std::path::Path::new("/sys/fs/cgroup/blkio");
         if v1.join("blkio.throttle.read_iops_device").exists() {
             let dir = v1.join(name);
             std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(
-                dir.join("blkio.throttle.read_iops_device"),
-                format!("{dev} {iops}"),
-            )
-            .unwrap();
+            std::fs::write(dir.join(v1_file), format!("{dev} {n}")).unwrap();
             return Self {
                 dir,
                 root_procs: v1.join("cgroup.procs"),
@@ -398,7 +405,7 @@ impl ReadThrottle {
         let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+io");
         let dir = v2.join(name);
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("io.max"), format!("{dev} riops={iops}"))
+        std::fs::write(dir.join("io.max"), format!("{dev} {v2_key}={n}"))
             .expect("neither cgroup v1 blkio nor v2 io throttling is available");
         Self {
             dir,
@@ -476,7 +483,9 @@ fn a_slowed_cache_device_raises_the_alarm_and_reads_go_to_s3() {
     );
     let s3_before = metric(&addr, "lakemount_s3_get_bytes_total").unwrap();
 
-    let mut throttle = ReadThrottle::new(&fs.dev_numbers(), 50);
+    // 4 MiB/s: a device read (a read-ahead window of the data file, ~1-3
+    // MiB) takes most of a second against milliseconds before.
+    let mut throttle = ReadThrottle::new(&fs.dev_numbers(), Limit::Bps(4 << 20));
     throttle.add(m.child.as_ref().unwrap().id());
     let slow = wait_for(Duration::from_secs(30), || {
         std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
@@ -584,7 +593,7 @@ fn doctor_names_a_slow_cache_device() {
     doctor_data(server(), &b);
     let (fs, m, _addr) = mount_on_loop_cache(&b, "shards/s0.bin", 32 << 20, 77);
     std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
-    let mut throttle = ReadThrottle::new(&fs.dev_numbers(), 50);
+    let mut throttle = ReadThrottle::new(&fs.dev_numbers(), Limit::Iops(50));
     throttle.add(m.child.as_ref().unwrap().id());
     let v = doctor(&m.path());
     drop(throttle);

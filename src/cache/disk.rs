@@ -467,9 +467,6 @@ impl DiskCache {
         if self.packable(size) {
             return self.read_packed(pk.obj, len);
         }
-        if self.health.bypass(health::ReadKind::Block) {
-            return None;
-        }
         self.load(pk.obj, size);
         let now = SystemTime::now();
         let crc = {
@@ -492,6 +489,10 @@ impl DiskCache {
             }
             rec.crc
         };
+        // Cached, so a bypass is a read S3 serves instead of the device.
+        if self.health.bypass(health::ReadKind::Block) {
+            return None;
+        }
         let path = self.data_path(pk.obj);
         let started = Instant::now();
         let f = match File::open(&path) {
@@ -508,11 +509,12 @@ impl DiskCache {
             }
         };
         let mut buf = vec![0u8; len as usize];
-        if let Err(e) = f.read_exact_at(&mut buf, pk.idx * self.block_size) {
+        let device = health::read_exact_at_counting(&f, &mut buf, pk.idx * self.block_size);
+        if let Err(e) = &device {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
                 self.discard(pk, crc, "is truncated or has the wrong length");
             } else {
-                self.warn_io("reading", &path, &e);
+                self.warn_io("reading", &path, e);
                 self.discard(pk, crc, "unreadable");
             }
             return None;
@@ -521,8 +523,10 @@ impl DiskCache {
             self.discard(pk, crc, "failed its CRC32C check");
             return None;
         }
-        self.health
-            .sample(health::ReadKind::Block, started.elapsed(), &self.root);
+        if device.is_ok_and(|d| d) {
+            self.health
+                .sample(health::ReadKind::Block, started.elapsed(), &self.root);
+        }
         let (persist, seal) = {
             let mut ix = self.index.lock().unwrap();
             let persist = ix

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 use crate::telemetry::metrics as m;
 
 /// Samples averaged into the first reference.
-const LEARN: u64 = 200;
+const LEARN: u64 = 50;
 /// Weight of one sample in the reference (a long-run average, ~1000 reads).
 const REFERENCE_ALPHA: f64 = 0.001;
 /// Weight of one sample in the recent average (~20 reads).
@@ -213,6 +213,33 @@ impl DeviceHealth {
     }
 }
 
+/// Fills `buf` from `f` at `off` (as `read_exact_at`) and says whether the
+/// device was read: first a `preadv2(RWF_NOWAIT)` that only copies what the
+/// page cache holds (Linux 4.14+); when it fills `buf`, the read never
+/// reached the device and is no sample of its latency (blocks written in the
+/// last minutes are read back from memory). Errors: those of `read_exact_at`.
+pub fn read_exact_at_counting(
+    f: &std::fs::File,
+    buf: &mut [u8],
+    off: u64,
+) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: one iovec over `buf`, which is valid for writes of its length;
+    // the descriptor is open for the call.
+    let n = unsafe { libc::preadv2(f.as_raw_fd(), &iov, 1, off as libc::off_t, libc::RWF_NOWAIT) };
+    if n >= 0 && n as usize == buf.len() {
+        return Ok(false);
+    }
+    // EAGAIN (not all cached), a short read, or no RWF_NOWAIT support.
+    f.read_exact_at(buf, off)?;
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,5 +299,30 @@ mod tests {
         let bypassed = (0..100).filter(|_| h.bypass(ReadKind::Block)).count();
         assert_eq!(bypassed as u64, 100 - 100 / PROBE_EVERY);
         assert!(!h.bypass(ReadKind::Packed));
+    }
+
+    #[test]
+    fn reads_from_the_page_cache_are_no_device_samples() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let path = std::env::temp_dir().join(format!("lakemount-nowait-{}", std::process::id()));
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(&vec![7u8; 1 << 20]).unwrap();
+        f.sync_all().unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        read_exact_at_counting(&f, &mut buf, 0).unwrap();
+        assert!(
+            !read_exact_at_counting(&f, &mut buf, 0).unwrap(),
+            "cached pages"
+        );
+        // SAFETY: fadvise on a descriptor we own.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert!(
+            read_exact_at_counting(&f, &mut buf, 0).unwrap(),
+            "dropped pages"
+        );
+        assert!(buf.iter().all(|b| *b == 7));
+        let _ = std::fs::remove_file(&path);
     }
 }

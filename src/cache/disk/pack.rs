@@ -178,9 +178,6 @@ impl DiskCache {
     /// or bad (a bad one is dropped and counted). Before the restart scan has
     /// indexed the packs, waits for it ([`PACK_SCAN_WAIT`]).
     pub(super) fn read_packed(&self, obj: ObjectId, len: u64) -> Option<Bytes> {
-        if self.health.bypass(super::health::ReadKind::Packed) {
-            return None;
-        }
         let key = PieceKey {
             obj,
             idx: PACKED_IDX,
@@ -202,12 +199,16 @@ impl DiskCache {
             }
             loc
         };
+        if self.health.bypass(super::health::ReadKind::Packed) {
+            return None;
+        }
         let started = Instant::now();
         let f = self.pack_file(loc.pack)?;
         let mut buf = vec![0u8; len as usize];
-        if let Err(e) = f.read_exact_at(&mut buf, loc.off + HEADER_LEN) {
+        let device = super::health::read_exact_at_counting(&f, &mut buf, loc.off + HEADER_LEN);
+        if let Err(e) = &device {
             if e.kind() != std::io::ErrorKind::UnexpectedEof {
-                self.warn_io("reading", &self.pack_path(loc.pack), &e);
+                self.warn_io("reading", &self.pack_path(loc.pack), e);
             }
             self.discard_packed(obj, loc, "is truncated or unreadable");
             return None;
@@ -216,11 +217,13 @@ impl DiskCache {
             self.discard_packed(obj, loc, "failed its CRC32C check");
             return None;
         }
-        self.health.sample(
-            super::health::ReadKind::Packed,
-            started.elapsed(),
-            &self.root,
-        );
+        if device.is_ok_and(|d| d) {
+            self.health.sample(
+                super::health::ReadKind::Packed,
+                started.elapsed(),
+                &self.root,
+            );
+        }
         let persist = {
             let mut ix = self.index.lock().unwrap();
             let persist = ix
