@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use common::*;
 
-/// `lakemount stats MNT --json`, parsed.
-fn stats_json(mnt: &std::path::Path) -> serde_json::Value {
+/// `lakemount CMD MNT ARGS...` (a `--json` command), its output parsed;
+/// panics with its stderr on failure.
+fn json_of(cmd: &str, mnt: &std::path::Path, args: &[&str]) -> serde_json::Value {
     let out = Command::new(lakemount_bin())
-        .arg("stats")
+        .arg(cmd)
         .arg(mnt)
-        .arg("--json")
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -22,7 +23,12 @@ fn stats_json(mnt: &std::path::Path) -> serde_json::Value {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("stats --json prints one JSON document")
+    serde_json::from_slice(&out.stdout).expect("--json prints one JSON document")
+}
+
+/// `lakemount stats MNT --json`, parsed.
+fn stats_json(mnt: &std::path::Path) -> serde_json::Value {
+    json_of("stats", mnt, &["--json"])
 }
 
 /// Reads `path` whole after dropping its pages from the kernel page cache, so
@@ -529,20 +535,9 @@ fn measuring() -> std::sync::MutexGuard<'static, ()> {
     MEASURING.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// `lakemount doctor MNT --json`, parsed; panics with its stderr on failure.
+/// `lakemount doctor MNT --json`, parsed.
 fn doctor(mnt: &std::path::Path) -> serde_json::Value {
-    let out = Command::new(lakemount_bin())
-        .arg("doctor")
-        .arg(mnt)
-        .args(["--json", "--seq-bytes", "32MiB"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("doctor --json prints one JSON document")
+    json_of("doctor", mnt, &["--json", "--seq-bytes", "32MiB"])
 }
 
 /// 40 small files in two directories and one 32 MiB shard.
