@@ -73,6 +73,13 @@ pub struct S3Config {
     /// and the first answer taken; at most one GET in ten is
     /// (`store/hedge.rs`). ListObjectsV2 requests the same way.
     pub hedged_gets: bool,
+    /// Sign the SHA-256 of upload bodies (PutObject, UploadPart). `false`
+    /// (default): `UNSIGNED-PAYLOAD` (SigV4, "Signature calculations for the
+    /// Authorization header"); the SDK's CRC32 checksum of the body still
+    /// goes with each request, so the server checks the bytes, and a pass of
+    /// SHA-256 over every byte uploaded is saved. `true` for a server that
+    /// refuses unsigned payloads.
+    pub sign_payload: bool,
     /// Longest time a request and its retries may take before its error is
     /// returned (EIO), seconds: no attempt starts, and none waits for
     /// headers, past it. A GET body that is arriving is not cut by it.
@@ -93,6 +100,7 @@ impl Default for S3Config {
             attempt_timeout_secs: 30.0,
             stall_timeout_secs: 1.0,
             hedged_gets: true,
+            sign_payload: false,
             request_deadline_secs: 60.0,
         }
     }
@@ -115,6 +123,8 @@ pub struct S3Store {
     pub(super) max_attempts: u32,
     /// `s3.attempt_timeout_secs`, which uploads extend by their size.
     pub(super) attempt_timeout: Duration,
+    /// `s3.sign_payload`.
+    pub(super) sign_payload: bool,
     /// `s3.stall_timeout_secs`, for GET bodies read through the SDK.
     stall: Duration,
     /// Hedged ListObjectsV2 requests; `None`: `s3.hedged_gets` off.
@@ -256,6 +266,7 @@ impl S3Store {
             direct: direct.map(std::sync::Arc::new),
             max_attempts: config.max_attempts.max(1),
             attempt_timeout: Duration::from_secs_f64(config.attempt_timeout_secs),
+            sign_payload: config.sign_payload,
             stall: Duration::from_secs_f64(config.stall_timeout_secs),
             list_hedge: config
                 .hedged_gets

@@ -64,16 +64,19 @@ impl WriteStore for S3Store {
     async fn put(&self, key: &str, data: Bytes) -> Result<String, StoreError> {
         let len = data.len() as u64;
         let start = Instant::now();
-        let res = self
+        let req = self
             .client
             .put_object()
             .bucket(&self.bucket)
             .key(key)
             .body(ByteStream::from(data))
             .customize()
-            .config_override(self.upload_timeouts(len))
-            .send()
-            .await;
+            .config_override(self.upload_timeouts(len));
+        let res = if self.sign_payload {
+            req.send().await
+        } else {
+            req.disable_payload_signing().send().await
+        };
         let out = finish(m::OP_PUT, start, res, "200")?;
         m::s3_bytes_sent(len);
         etag_of(out.e_tag(), "PutObject", key)
@@ -103,7 +106,7 @@ impl WriteStore for S3Store {
     ) -> Result<String, StoreError> {
         let len = data.len() as u64;
         let start = Instant::now();
-        let res = self
+        let req = self
             .client
             .upload_part()
             .bucket(&self.bucket)
@@ -112,9 +115,12 @@ impl WriteStore for S3Store {
             .part_number(number as i32)
             .body(ByteStream::from(data))
             .customize()
-            .config_override(self.upload_timeouts(len))
-            .send()
-            .await;
+            .config_override(self.upload_timeouts(len));
+        let res = if self.sign_payload {
+            req.send().await
+        } else {
+            req.disable_payload_signing().send().await
+        };
         let out = finish(m::OP_UPLOAD_PART, start, res, "200")?;
         m::s3_bytes_sent(len);
         out.e_tag()
