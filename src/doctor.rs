@@ -73,7 +73,7 @@ impl Bottleneck {
     }
 }
 
-/// What the baseline measured, and the daemon's counters around it.
+/// The baseline's results and the daemon's counters around it.
 #[derive(Debug, Default)]
 pub struct Measured {
     /// Directory entries stat'ed by the walk, and its seconds.

@@ -34,7 +34,7 @@ pub const PROBE_EVERY: u64 = 20;
 /// At most one slow-device warning per kind per this.
 const WARN_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Kinds of cache-device reads, measured apart.
+/// Kinds of cache-device reads, each with a reference of its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadKind {
     /// A block of an object's data file (up to `cache.block_size`).
