@@ -187,6 +187,17 @@ impl<'a> MountSpec<'a> {
         for k in &self.unset {
             cmd.env_remove(k);
         }
+        // The default cache.min_free reserve (5% of the file system) turns
+        // the disk cache off on a full enough host; tests that test the
+        // reserve set it themselves.
+        let sets_reserve = self.args.iter().any(|a| a.contains("min_free"))
+            || self
+                .config
+                .as_deref()
+                .is_some_and(|c| c.contains("min_free"));
+        if self.args.iter().any(|a| a == "--cache-dir") && !sets_reserve {
+            cmd.args(["-o", "cache.min_free=0"]);
+        }
         let child = cmd
             .args(&self.args)
             .stdout(Stdio::null())
