@@ -28,11 +28,12 @@ pub struct ReadConfig {
     /// Sequential readers double it from here.
     #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub initial_window: u64,
-    /// Largest read-ahead window per open file. 64 MiB is 8 parts in flight,
+    /// Largest read-ahead window of one stream of reads (an open file has up
+    /// to [`reader::MAX_STREAMS`]). 64 MiB is 8 parts in flight,
     /// enough to fill a 10 Gbit/s link at 50 ms per GET.
     #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub max_window: u64,
-    /// Most ranged GETs of read-ahead one open file has in flight at once.
+    /// Most ranged GETs of read-ahead one stream of reads has in flight at once.
     /// 8 = `max_window / part_size` with the defaults: the window is fetched
     /// as 8 concurrent parts, each on its own connection, which filled the
     /// 10 Gbit/s, 2 ms link profile of bench/ (the raw client filled it with

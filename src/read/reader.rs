@@ -1,28 +1,36 @@
 //! The reader of one open file: ranged GETs pinned to the ETag seen at open,
-//! with sequential read-ahead.
+//! with sequential read-ahead for each of several streams.
 //!
-//! A handle starts with a window of [`ReadConfig::initial_window`] bytes, so a
-//! random read costs one small GET plus that margin. While reads stay
+//! A stream starts with a window of [`ReadConfig::initial_window`] bytes, so a
+//! random read costs one small GET plus that margin. While its reads stay
 //! sequential the window doubles each time the reader reaches its second half,
 //! up to [`ReadConfig::max_window`] and to its fair share of the
-//! [`MemoryBudget`] (the budget divided by the open readers), split into GETs of
-//! at most [`ReadConfig::part_size`] running concurrently. Every read-ahead part
-//! reserves its bytes from the budget first; one that does not fit is not sent
-//! and the window shrinks instead.
+//! [`MemoryBudget`] (the budget divided by the open readers, and by the
+//! reader's streams), split into GETs of at most [`ReadConfig::part_size`]
+//! running concurrently. Every read-ahead part reserves its bytes from the
+//! budget first; one that does not fit is not sent and the window shrinks
+//! instead.
 //!
 //! "Sequential" tolerates the reordering kernel read-ahead and multi-threaded
 //! FUSE dispatch produce: a read up to one window (and at least 4 reads of its
 //! size) behind the first part held or beyond the last one continues the
-//! stream (the gap is fetched). Anything else
-//! is a seek: parts nobody awaits are cancelled and the window starts small.
-//! Reads of one handle may run concurrently; the lock is never held across a GET.
+//! stream (the gap is fetched).
 //!
-//! Each read is planned in steps, each a function of its own: drop failed
-//! parts ([`State::drop_failed`]), tell a continued stream from a seek
-//! ([`State::continues_stream`]), fetch a reordered read's gap
-//! (`Reader::fill_gap`), let consumed parts go ([`State::trim_behind`]), grow
-//! the window ([`State::grow`]) or reset it ([`State::reset`]), and send the
-//! GETs the window needs under the budget (`Reader::schedule`).
+//! One open file may carry several streams at once: workers forked with a
+//! shared descriptor each reading their own range, interleaved tar members,
+//! Parquet column chunks read in parallel. A read that continues no stream
+//! starts a new one (a seek), and the least recently read of
+//! [`MAX_STREAMS`] goes, its GETs nobody awaits cancelled. A true random
+//! reader so never grows a window: each read starts a stream of its own with
+//! the initial window. Reads of one handle may run concurrently; the lock is
+//! never held across a GET.
+//!
+//! Each read is planned in steps, each a function of its own: pick the stream
+//! the read continues ([`Streams::pick`]) or start one ([`Streams::start`]),
+//! drop failed parts ([`Stream::drop_failed`]), fetch a reordered read's gap
+//! (`Reader::fill_gap`), let consumed parts go ([`Stream::trim_behind`]), grow
+//! the window ([`Stream::grow`]), and send the GETs the window needs under the
+//! budget (`Reader::schedule`).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -37,32 +45,53 @@ use crate::store::{ObjectStore, Segments, StoreError};
 use crate::telemetry::metrics as m;
 
 /// Reads of the current read's size by which a read may arrive out of order
-/// and still count as sequential ([`State::continues_stream`]). 4: kernel
+/// and still count as sequential ([`Stream::continues_stream`]). 4: kernel
 /// read-ahead keeps a few 1 MiB reads in flight per file; reordering seen was
 /// up to 2 reads.
 const REORDER_READS: u64 = 4;
 
-/// The parts one reader holds and its window.
-struct State {
+/// Streams one open file keeps at most ([`Streams`]). 8: a DataLoader
+/// forks 4 to 8 workers, which share a descriptor opened before the fork;
+/// more streams than that are taken for random reads.
+pub const MAX_STREAMS: usize = 8;
+
+/// The parts one stream of reads holds and its window.
+struct Stream {
     /// Contiguous parts in offset order: `parts[i].end == parts[i+1].start`.
     parts: VecDeque<Part>,
     /// Current read-ahead window, bytes.
     window: u64,
     /// Offset whose read doubles the window: the middle of the window as it
-    /// was when last set (reset or doubled). Measured from where the window
+    /// was when last set (start or doubled). Measured from where the window
     /// was set, not from the last part held: every read tops the parts up to
     /// a full window ahead, so "within half a window of the last part" was
     /// never true again once the window exceeded about twice the read size,
     /// and the window stalled at ~8 MiB instead of growing to `max_window`.
     grow_at: u64,
+    /// End offset of the stream's last read: where it is, once every part
+    /// it held has been read whole and let go.
+    last_end: u64,
 }
 
-impl State {
+impl Stream {
+    /// A stream whose window starts at `window` bytes, at offset 0.
     fn new(window: u64) -> Self {
         Self {
             parts: VecDeque::new(),
             window,
             grow_at: 0,
+            last_end: 0,
+        }
+    }
+
+    /// A stream started by a read of `[offset, end)` that continued none:
+    /// the window starts at `initial`, nothing held yet.
+    fn started(offset: u64, end: u64, initial: u64) -> Self {
+        Self {
+            parts: VecDeque::new(),
+            window: initial,
+            grow_at: offset.saturating_add(initial / 2),
+            last_end: end,
         }
     }
 
@@ -81,8 +110,20 @@ impl State {
         Some((self.parts.front()?.start, self.parts.back()?.end))
     }
 
-    /// Whether a read of `[offset, end)` continues the stream held: it lies
-    /// within a tolerance before or after the parts held. The tolerance is a
+    /// Where the stream is: the bytes it holds, or the end of its last read
+    /// when it holds none.
+    fn span(&self) -> (u64, u64) {
+        self.coverage().unwrap_or((self.last_end, self.last_end))
+    }
+
+    /// How far a read at `offset` is from the stream's span, bytes (0 within).
+    fn distance(&self, offset: u64) -> u64 {
+        let (a, b) = self.span();
+        a.saturating_sub(offset).max(offset.saturating_sub(b))
+    }
+
+    /// Whether a read of `[offset, end)` continues this stream: it lies
+    /// within a tolerance before or after its span. The tolerance is a
     /// window (at least `initial`), and at least [`REORDER_READS`] reads of
     /// this size: the kernel sends read-ahead as several async reads of up to
     /// 1 MiB at once and FUSE dispatch runs them on many threads, so while the
@@ -94,9 +135,8 @@ impl State {
             .window
             .max(initial)
             .max((end - offset).saturating_mul(REORDER_READS));
-        self.coverage().is_some_and(|(a, b)| {
-            offset.saturating_add(tolerance) >= a && offset <= b.saturating_add(tolerance)
-        })
+        let (a, b) = self.span();
+        offset.saturating_add(tolerance) >= a && offset <= b.saturating_add(tolerance)
     }
 
     /// Lets parts go that a reader at `offset` has moved past: those more
@@ -139,24 +179,6 @@ impl State {
         }
     }
 
-    /// A seek to `offset`: every part goes (those nobody awaits are
-    /// cancelled) and the window starts again at `initial`.
-    fn reset(&mut self, offset: u64, end: u64, initial: u64) {
-        if let Some(coverage) = self.coverage() {
-            metrics::counter!(m::PREFETCH_WINDOW_RESETS).increment(1);
-            tracing::debug!(
-                offset,
-                end,
-                ?coverage,
-                window = self.window,
-                "read-ahead reset"
-            );
-        }
-        self.parts.clear();
-        self.window = initial;
-        self.grow_at = offset.saturating_add(initial / 2);
-    }
-
     /// GETs in flight.
     fn in_flight(&self) -> usize {
         self.parts.iter().filter(|p| !p.is_finished()).count()
@@ -185,6 +207,57 @@ impl State {
     }
 }
 
+/// The streams of one open file, the most recently read first; at most
+/// [`MAX_STREAMS`].
+#[derive(Default)]
+struct Streams(VecDeque<Stream>);
+
+impl Streams {
+    /// Moves the stream a read of `[offset, end)` continues to the front:
+    /// of those it continues, the nearest. `false`: it continues none (a
+    /// seek).
+    fn pick(&mut self, offset: u64, end: u64, initial: u64) -> bool {
+        let Some((i, _)) = self
+            .0
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.continues_stream(offset, end, initial))
+            .min_by_key(|(_, s)| s.distance(offset))
+        else {
+            return false;
+        };
+        if let Some(s) = self.0.remove(i) {
+            self.0.push_front(s);
+        }
+        true
+    }
+
+    /// Starts a stream at a read of `[offset, end)` that continued none,
+    /// in front; the least recently read goes beyond [`MAX_STREAMS`] (its
+    /// parts nobody awaits are cancelled).
+    fn start(&mut self, offset: u64, end: u64, initial: u64) {
+        if !self.0.is_empty() {
+            metrics::counter!(m::PREFETCH_WINDOW_RESETS).increment(1);
+            tracing::debug!(
+                offset,
+                end,
+                streams = self.0.len(),
+                "read-ahead: new stream"
+            );
+        }
+        if self.0.len() >= MAX_STREAMS {
+            self.0.pop_back();
+        }
+        self.0.push_front(Stream::started(offset, end, initial));
+    }
+
+    /// Drops every stream's parts when one's GET failed
+    /// ([`Stream::drop_failed`]).
+    fn drop_failed(&mut self) {
+        self.0.iter_mut().for_each(Stream::drop_failed);
+    }
+}
+
 /// The reader of one open file at one ETag.
 pub struct Reader<S> {
     store: Arc<S>,
@@ -194,7 +267,7 @@ pub struct Reader<S> {
     config: ReadConfig,
     budget: MemoryBudget,
     cache: Option<Arc<Cache>>,
-    state: Mutex<State>,
+    streams: Mutex<Streams>,
     _guard: ReaderGuard,
 }
 
@@ -209,7 +282,6 @@ impl<S: ObjectStore> Reader<S> {
         config: ReadConfig,
         budget: MemoryBudget,
     ) -> Self {
-        let window = config.initial_window.max(1);
         Self {
             store,
             key: key.into(),
@@ -219,7 +291,7 @@ impl<S: ObjectStore> Reader<S> {
             _guard: budget.register_reader(),
             budget,
             cache: None,
-            state: Mutex::new(State::new(window)),
+            streams: Mutex::default(),
         }
     }
 
@@ -235,7 +307,9 @@ impl<S: ObjectStore> Reader<S> {
     /// are answered from it.
     pub(crate) fn with_whole_object(self, part: Part) -> Self {
         debug_assert!(part.start == 0 && part.end == self.size);
-        self.state.lock().unwrap().parts.push_back(part);
+        let mut stream = Stream::new(self.initial());
+        stream.parts.push_back(part);
+        self.streams.lock().unwrap().0.push_front(stream);
         self
     }
 
@@ -266,16 +340,18 @@ impl<S: ObjectStore> Reader<S> {
         PendingRead::new(offset, end, self.plan(offset, end))
     }
 
-    /// The largest window this reader may have now, bytes: `max_window`, or
-    /// less while other readers share the budget: its fair share rounded down
-    /// to a power of two, so that parts keep the sizes whose buffers are
-    /// reused ([`crate::store::pool`]). The rounding can leave up to half of
-    /// a reader's share unused (7.5 MiB with 200 readers of a 1,504 MiB budget
+    /// The largest window one of this reader's `streams` streams may have
+    /// now, bytes: `max_window`, or less while other readers share the
+    /// budget: its fair share, divided among the streams, rounded down to a
+    /// power of two, so that parts keep the sizes whose buffers are reused
+    /// ([`crate::store::pool`]). The rounding can leave up to half of a
+    /// reader's share unused (7.5 MiB with 200 readers of a 1,504 MiB budget
     /// gives 4 MiB windows).
-    fn window_cap(&self) -> u64 {
+    fn window_cap(&self, streams: usize) -> u64 {
+        let share = self.budget.fair_share() / streams.max(1) as u64;
         self.config
             .max_window
-            .min(floor_pow2(self.budget.fair_share()))
+            .min(floor_pow2(share))
             .max(self.initial())
     }
 
@@ -287,24 +363,33 @@ impl<S: ObjectStore> Reader<S> {
         self.config.part_size.max(1)
     }
 
-    /// Under the lock: decides sequential vs. seek, schedules GETs, and returns
-    /// the parts covering `[offset, end)`.
+    /// Under the lock: finds the stream the read continues or starts one,
+    /// schedules GETs, and returns the parts covering `[offset, end)`.
     fn plan(&self, offset: u64, end: u64) -> Vec<Wanted> {
-        let mut st = self.state.lock().unwrap();
-        st.drop_failed();
+        let mut streams = self.streams.lock().unwrap();
+        streams.drop_failed();
         let initial = self.initial();
         let mut detached = None;
-        if st.continues_stream(offset, end, initial) {
-            detached = self.fill_gap(&mut st, offset, end);
+        let cap = self.window_cap(streams.0.len());
+        let continued = streams.pick(offset, end, initial);
+        if !continued {
+            streams.start(offset, end, initial);
+        }
+        let st = &mut streams.0[0];
+        if continued {
+            detached = self.fill_gap(st, offset, end);
             let keep_behind = st.window.max(initial).min(self.part_size());
             st.trim_behind(offset, keep_behind);
-            st.grow(offset, end, self.window_cap());
-        } else {
-            st.reset(offset, end, initial);
+            st.grow(offset, end, cap);
         }
-        self.schedule(&mut st, offset, end);
+        self.schedule(st, offset, end);
+        let wanted = st.wanted(detached.as_ref(), offset, end);
+        // Parts this read took whole go now (the read holds what it waits
+        // on): a stream left for another keeps no bytes nobody will ask for.
+        st.trim_behind(end, u64::MAX);
+        st.last_end = end;
         metrics::gauge!(m::PREFETCH_MEMORY_BYTES).set(self.budget.in_use() as f64);
-        st.wanted(detached.as_ref(), offset, end)
+        wanted
     }
 
     /// A late, reordered read in front of what is held: fetches the gap
@@ -313,7 +398,7 @@ impl<S: ObjectStore> Reader<S> {
     /// the whole gap fits. Beyond the budget only the bytes this read asks for
     /// are fetched, as a part of its own that is not kept (returned): what is
     /// held stays contiguous and is not thrown away.
-    fn fill_gap(&self, st: &mut State, offset: u64, end: u64) -> Option<Part> {
+    fn fill_gap(&self, st: &mut Stream, offset: u64, end: u64) -> Option<Part> {
         let (a, _) = st.coverage()?;
         let mut gap_end = a;
         let mut gap = Vec::new();
@@ -344,7 +429,7 @@ impl<S: ObjectStore> Reader<S> {
     /// `max_concurrent_gets` in flight. The bytes a read waits for are always
     /// sent (beyond the budget as demand); read-ahead that does not fit
     /// shrinks the window instead.
-    fn schedule(&self, st: &mut State, offset: u64, end: u64) {
+    fn schedule(&self, st: &mut Stream, offset: u64, end: u64) {
         let initial = self.initial();
         let part_size = self.part_size();
         let target = end.max(offset + st.window).min(self.size);
@@ -432,6 +517,7 @@ fn floor_pow2(x: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::store::mem::MemStore;
+    use proptest::strategy::{Just, Strategy};
     use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
 
@@ -471,8 +557,8 @@ mod tests {
         p
     }
 
-    async fn state_with(parts: &[(u64, u64)], window: u64) -> State {
-        let mut st = State::new(window);
+    async fn stream_with(parts: &[(u64, u64)], window: u64) -> Stream {
+        let mut st = Stream::new(window);
         for &(a, b) in parts {
             st.parts.push_back(done_part(a, b, true).await);
         }
@@ -484,7 +570,7 @@ mod tests {
     /// seek.
     #[tokio::test]
     async fn a_stream_continues_within_the_reorder_tolerance() {
-        let st = state_with(&[(1000, 2000)], 100).await;
+        let st = stream_with(&[(1000, 2000)], 100).await;
         // 100-byte reads: tolerance max(window 100, 4 x 100) = 400.
         for (offset, yes) in [
             (2000, true),
@@ -500,16 +586,21 @@ mod tests {
             );
         }
         // A window wider than 4 reads widens it.
-        let wide = state_with(&[(1000, 2000)], 1000).await;
+        let wide = stream_with(&[(1000, 2000)], 1000).await;
         assert!(wide.continues_stream(3000, 3100, 100));
-        assert!(!State::new(100).continues_stream(0, 100, 100));
+        // Nothing held: the end of the stream's last read is where it is.
+        let mut empty = Stream::started(5000, 5100, 100);
+        assert!(empty.continues_stream(5100, 5200, 100));
+        assert!(!empty.continues_stream(0, 100, 100));
+        empty.last_end = 100;
+        assert!(empty.continues_stream(100, 200, 100));
     }
 
     /// Parts read whole go at once with every part before them; a part read
     /// in part goes only once the reader is `keep_behind` past its end.
     #[tokio::test]
     async fn consumed_parts_behind_the_reader_go() {
-        let mut st = state_with(&[(0, 100), (100, 200), (200, 300), (300, 400)], 100).await;
+        let mut st = stream_with(&[(0, 100), (100, 200), (200, 300), (300, 400)], 100).await;
         st.parts[1].delivered = 100; // [100, 200) read whole, [0, 100) not
         st.trim_behind(250, 1000);
         assert_eq!(st.coverage(), Some((200, 400)));
@@ -521,10 +612,10 @@ mod tests {
     }
 
     /// The window doubles when a read reaches its second half, never past
-    /// the cap; a reset brings it back to the initial window and drops all.
+    /// the cap.
     #[tokio::test]
-    async fn the_window_grows_at_its_middle_and_resets_on_a_seek() {
-        let mut st = state_with(&[(0, 100)], 100).await;
+    async fn the_window_grows_at_its_middle() {
+        let mut st = stream_with(&[(0, 100)], 100).await;
         st.grow_at = 50;
         st.grow(0, 40, 1000);
         assert_eq!(st.window, 100, "first half: no growth");
@@ -534,19 +625,44 @@ mod tests {
             st.grow(i * 1000, i * 1000 + 1000, 1000);
         }
         assert_eq!(st.window, 1000, "capped");
-        st.reset(5000, 5100, 100);
-        assert_eq!((st.window, st.grow_at, st.coverage()), (100, 5050, None));
+    }
+
+    /// A read that continues no stream starts one in front with the initial
+    /// window; the least recently read stream goes beyond `MAX_STREAMS`; a
+    /// read picks the nearest stream it continues and moves it to the front.
+    #[tokio::test]
+    async fn streams_start_on_a_seek_and_the_oldest_goes() {
+        let mut ss = Streams::default();
+        for i in 0..MAX_STREAMS as u64 + 2 {
+            assert!(!ss.pick(i * 10_000, i * 10_000 + 100, 100));
+            ss.start(i * 10_000, i * 10_000 + 100, 100);
+            assert_eq!((ss.0[0].window, ss.0[0].grow_at), (100, i * 10_000 + 50));
+        }
+        assert_eq!(ss.0.len(), MAX_STREAMS);
+        let ends: Vec<u64> = ss.0.iter().map(|s| s.last_end).collect();
+        assert_eq!(ends.last(), Some(&20_100), "the two oldest went");
+        assert!(ss.pick(50_100, 50_200, 100));
+        assert_eq!(ss.0[0].last_end, 50_100, "moved to the front");
+        assert_eq!(ss.0.len(), MAX_STREAMS);
+        // Two streams a read continues: the nearer one.
+        let mut two = Streams::default();
+        two.start(0, 1000, 100);
+        two.start(1300, 1400, 100);
+        assert!(two.pick(1250, 1350, 100));
+        assert_eq!(two.0[0].last_end, 1400);
+        assert!(two.pick(1050, 1150, 100));
+        assert_eq!(two.0[0].last_end, 1000);
     }
 
     /// One failed part makes the reader drop everything it holds.
     #[tokio::test]
     async fn a_failed_part_drops_everything_held() {
-        let mut st = state_with(&[(0, 100)], 100).await;
+        let mut st = stream_with(&[(0, 100)], 100).await;
         st.parts.push_back(done_part(100, 200, false).await);
         st.parts.push_back(done_part(200, 300, true).await);
         st.drop_failed();
         assert!(st.parts.is_empty());
-        let mut ok = state_with(&[(0, 100), (100, 200)], 100).await;
+        let mut ok = stream_with(&[(0, 100), (100, 200)], 100).await;
         ok.drop_failed();
         assert_eq!(ok.coverage(), Some((0, 200)));
     }
@@ -687,7 +803,8 @@ mod tests {
             assert_eq!(&b[..], &d[off as usize..off as usize + b.len()]);
             off += b.len() as u64;
         }
-        let st = r.state.lock().unwrap();
+        let ss = r.streams.lock().unwrap();
+        let st = &ss.0[0];
         assert_eq!(st.window, 16_000, "window after 100 000 sequential bytes");
         let ahead = st.parts.back().unwrap().end - off;
         assert!(ahead >= 15_000, "only {ahead} bytes read ahead");
@@ -775,7 +892,8 @@ mod tests {
             assert_eq!(&b[..], &d[off as usize..off as usize + 1000]);
             off += 1000;
             reads += 1;
-            let st = r.state.lock().unwrap();
+            let ss = r.streams.lock().unwrap();
+            let st = &ss.0[0];
             assert_eq!(st.window, 16_000);
             let in_flight = st.parts.iter().filter(|p| !p.is_finished()).count();
             assert!(in_flight <= 3, "{in_flight} GETs in flight at {off}");
@@ -816,7 +934,12 @@ mod tests {
             2,
             "the second read's GET"
         );
-        assert_eq!(r.state.lock().unwrap().parts.front().unwrap().start, 1100);
+        {
+            // Its part [1100, 2100) went to the read whole, which holds it.
+            let ss = r.streams.lock().unwrap();
+            assert!(ss.0[0].parts.is_empty());
+            assert_eq!((ss.0.len(), ss.0[0].last_end), (1, 2100));
+        }
         store.closed.store(false, Ordering::Relaxed);
         for off in [0usize, 1100] {
             let b = r.read(off as u64, 1000).await.unwrap();
@@ -876,7 +999,7 @@ mod tests {
         };
         let one = Reader::new(store.clone(), "k", "e", 1 << 30, c.clone(), b.clone());
         assert_eq!(
-            one.window_cap(),
+            one.window_cap(1),
             64 << 20,
             "a lone reader reaches max_window"
         );
@@ -884,7 +1007,9 @@ mod tests {
             .map(|_| Reader::new(store.clone(), "k", "e", 1 << 30, c.clone(), b.clone()))
             .collect();
         // 1,504 MiB / 200 = 7.52 MiB: 4 MiB windows, a pooled part size.
-        assert_eq!(one.window_cap(), 4 << 20);
+        assert_eq!(one.window_cap(1), 4 << 20);
+        // Its 4 streams share it: 1.88 MiB each, 1 MiB windows.
+        assert_eq!(one.window_cap(4), 1 << 20);
         drop(others);
     }
 
@@ -1059,14 +1184,94 @@ mod tests {
                     let off = i as u64 * read_len;
                     let b = r.read(off, read_len as u32).await.unwrap();
                     assert_eq!(&b[..], &d[off as usize..(off + read_len) as usize]);
-                    let w = r.state.lock().unwrap().window;
+                    let w = r.streams.lock().unwrap().0[0].window;
                     assert!(w >= last_window, "window shrank from {last_window} to {w} at read {i}");
                     last_window = w;
                 }
                 assert_eq!(last_window, 32_000);
                 // A jump far back is a seek: back to the initial window.
                 r.read(1_000, 100).await.unwrap();
-                assert_eq!(r.state.lock().unwrap().window, 100);
+                assert_eq!(r.streams.lock().unwrap().0[0].window, 100);
+            });
+        }
+
+        /// Streams read in turn through one open file (workers forked with a
+        /// shared descriptor, each on its own range), in any interleaving:
+        /// every byte is right, each stream keeps its own window, which never
+        /// shrinks and reaches `max_window`, and the GETs are a few per
+        /// window, not one per read.
+        #[test]
+        fn interleaved_streams_keep_their_windows(
+            streams in 2usize..=MAX_STREAMS,
+            read_len in 100u64..300,
+            order in proptest::collection::vec(0usize..MAX_STREAMS, 400),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let store = Arc::new(MemStore::default());
+                let region = 200_000u64;
+                let d = data(region as usize * streams);
+                let etag = store.put("k", d.clone());
+                let c = ReadConfig { max_window: 16_000, max_concurrent_gets: 64, ..cfg() };
+                let r = Reader::new(store.clone(), "k", &etag, d.len() as u64, c, budget());
+                let mut pos: Vec<u64> = (0..streams as u64).map(|k| k * region).collect();
+                let mut windows = vec![0u64; streams];
+                // `order` interleaves the streams, then each reads 40,000 bytes
+                // more (enough to grow any window to the cap), in turn.
+                let more = (40_000 / read_len) as usize;
+                let turns = order
+                    .iter()
+                    .map(|&k| k % streams)
+                    .chain((0..more).flat_map(|_| 0..streams))
+                    .collect::<Vec<_>>();
+                for k in turns {
+                    let off = pos[k];
+                    let b = r.read(off, read_len as u32).await.unwrap();
+                    assert_eq!(&b[..], &d[off as usize..(off + read_len) as usize]);
+                    pos[k] += read_len;
+                    let ss = r.streams.lock().unwrap();
+                    assert_eq!(ss.0.len(), streams.min(pos.iter().enumerate().filter(|&(i, &p)| p > i as u64 * region).count()));
+                    let w = ss.0[0].window;
+                    assert!(w >= windows[k], "stream {k}: window shrank from {} to {w}", windows[k]);
+                    windows[k] = w;
+                }
+                assert!(windows.iter().all(|&w| w == 16_000), "windows {windows:?}");
+                let read: u64 = pos.iter().enumerate().map(|(i, &p)| p - i as u64 * region).sum();
+                let gets = store.gets.load(Ordering::Relaxed);
+                let reads = read / read_len;
+                assert!(gets * 2 <= reads, "{gets} GETs for {reads} reads of {read_len} bytes");
+            });
+        }
+
+        /// A reader that never reads where a stream of its is: each read
+        /// starts a stream with the initial window, which never grows; at
+        /// most `MAX_STREAMS` are kept, and they hold at most their margins.
+        #[test]
+        fn a_random_reader_starts_a_stream_per_read(
+            slots in Just((0u64..200).collect::<Vec<_>>()).prop_shuffle(),
+            read_len in 1u64..1_000,
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let store = Arc::new(MemStore::default());
+                let d = data(2_000_000);
+                let etag = store.put("k", d.clone());
+                let budget = budget();
+                let r = Reader::new(store.clone(), "k", &etag, d.len() as u64, cfg(), budget.clone());
+                for (n, slot) in slots.into_iter().take(60).enumerate() {
+                    let off = slot * 10_000;
+                    let b = r.read(off, read_len as u32).await.unwrap();
+                    assert_eq!(&b[..], &d[off as usize..(off + read_len) as usize]);
+                    let ss = r.streams.lock().unwrap();
+                    assert_eq!(ss.0.len(), (n + 1).min(MAX_STREAMS));
+                    assert!(ss.0.iter().all(|s| s.window == 100), "a window grew");
+                    // A read shorter than the window holds its part, its margin
+                    // unread (1 KiB: the budget's unit); one as long is read
+                    // whole and let go.
+                    let part = if read_len < 100 { 1024 } else { 0 };
+                    assert!(budget.in_use() <= MAX_STREAMS as u64 * part, "{} bytes held", budget.in_use());
+                }
+                assert_eq!(store.gets.load(Ordering::Relaxed), 60, "one GET per read");
             });
         }
 
