@@ -72,11 +72,11 @@ pub struct ReadConfig {
     /// small, a shard (100 MB+) is not, and one GET fetches it whole. 0: off.
     #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub small_max_size: u64,
-    /// Small-object prefetch GETs in flight at once, 1-1024. 256: at a
-    /// 10-30 ms first byte, 8,500-25,000 objects/s, above what a single
-    /// server node serves, so the prefetch keeps ahead of the loader; 128 and
-    /// 64 fell short (docs/READAHEAD.md). A server that cannot keep up only
-    /// queues them.
+    /// Small-object prefetch GETs in flight at once, 1-1024. 512: at a
+    /// 10-30 ms first byte, 17,000-51,000 objects/s, above what a single
+    /// server node serves, so the prefetch phase of a shuffled epoch ends
+    /// sooner; 256 and fewer left the epoch latency-bound (docs/READAHEAD.md).
+    /// A server that cannot keep up only queues them.
     pub small_max_in_flight: usize,
     /// Bytes of small objects prefetched but not opened yet, at most. They
     /// are held in memory and also reserved from `memory_budget`. `None`: a
@@ -97,7 +97,7 @@ impl Default for ReadConfig {
             kernel_read_ahead: 1 << 20,
             direct_io_min_size: 64 << 20,
             small_max_size: 1 << 20,
-            small_max_in_flight: 256,
+            small_max_in_flight: 512,
             small_budget: None,
         }
     }
