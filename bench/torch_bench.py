@@ -31,6 +31,7 @@ import datetime
 import json
 import os
 import queue
+import shlex
 import shutil
 import signal
 import statistics
@@ -319,6 +320,9 @@ def measure_raw(a, g, variant, d):
             if a.server == "garage":
                 drop_caches(1)
             out[f"small-{c}"] = raw_one(g, cmd, a.files)
+        if a.server == "garage":
+            drop_caches(1)
+        out[f"curl-{CURL_PARALLEL}"] = raw_curl(a, g, d, pf)
     else:
         keys = ",".join(pt + s for s in d["shard_names"])
         cmd = [a.rawget, "seq", "--bucket", BUCKET, "--keys", keys, "--concurrency", "16", "--max-secs", "3600"]
@@ -326,6 +330,39 @@ def measure_raw(a, g, variant, d):
             drop_caches(1)
         out["seq-16"] = raw_one(g, cmd, None)
     return out
+
+
+# curl's --parallel-max is capped at 300 (curl 7.88, tool_main.h PARALLEL_MAX).
+CURL_PARALLEL = 300
+
+
+def raw_curl(a, g, d, prefix):
+    """The raw limit measured with a lean C client: one `curl --parallel` over every
+    object of the files variant (SigV4 by curl's --aws-sigv4, UNSIGNED-PAYLOAD),
+    bodies to /dev/null. rawget (the AWS SDK for Rust) is CPU-bound on the client at
+    ~1.4 cores on 2 shared cores, so curl shows more of what the server can serve."""
+    cfg = os.path.join(a.bench_dir, "logs", "torch-curl-urls.cfg")
+    n = 0
+    with open(cfg, "w") as f:
+        for dname in sorted(os.listdir(d["files"])):
+            for name in sorted(os.listdir(os.path.join(d["files"], dname))):
+                f.write(f'url = "{g.endpoint}/{BUCKET}/{prefix}{dname}/{name}"\noutput = "/dev/null"\n')
+                n += 1
+    cmd = ["curl", "-s", "--parallel", "--parallel-immediate", "--parallel-max", str(CURL_PARALLEL),
+           "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", "--aws-sigv4", f"aws:amz:{g.region}:s3",
+           "--user", f"{g.key_id}:{g.secret}", "-K", cfg, "-w", "%{http_code}\n"]
+    before = g.counters()
+    t = time.monotonic()
+    r = h.run_group(cmd, env=h.s3_env(g), timeout=3600)
+    secs = time.monotonic() - t
+    codes = r.stdout.split()
+    if r.returncode != 0 or len(codes) != n or any(c != "200" for c in codes):
+        bad = sum(c != "200" for c in codes)
+        raise RuntimeError(f"curl exited {r.returncode}, {len(codes)} answers for {n} objects, {bad} not 200")
+    shown = shlex.join(cmd).replace(f"{g.key_id}:{g.secret}", "KEY:SECRET").replace(a.bench_dir, "$BENCH_DIR")
+    return {"secs": round(secs, 4), "files": n, "files_per_s": round(n / secs, 1),
+            "requests": h.diff(g.counters(), before),
+            "cmd": shown + "   # the URL list: one url/output pair per object"}
 
 
 def raw_one(g, cmd, files):
@@ -512,7 +549,8 @@ def write(a, meta, results):
              + "so epoch 2 reads what the mount kept (on its disk or in its memory) or S3 again, not the kernel's "
              "page cache. Times are of the "
              "epochs only (the index is shown apart). e1 / raw: epoch-1 time over the raw limit's time for the same "
-             "bytes (files: the fastest rawget setting, i.e. the server's parallel limit; 1.0 = as fast as a bare client); e2 / local: epoch-2 time "
+             "bytes (files: the fastest bare client, rawget at each setting or curl, i.e. the server's parallel limit; "
+             "1.0 = as fast as a bare client); e2 / local: epoch-2 time "
              "over local disk's epoch-2 time. Requests: counted by the server during the epoch, GET / LIST / HEAD"
              + (" (Garage: `api_s3_request_counter` of its /metrics, which counts a request when its handler has "
                 "answered, i.e. the response headers are ready, not when it arrives as the in-memory server does: a "
@@ -546,8 +584,9 @@ def write(a, meta, results):
                 for k in sorted({k for r in raw for k in r}, key=lambda k: (len(k), k)):
                     secs = med([r[k]["secs"] for r in raw if k in r])
                     what = (f"rawget small, {k.split('-')[1]} GETs in flight" if k.startswith("small")
+                            else f"curl --parallel, {k.split('-')[1]} GETs in flight" if k.startswith("curl")
                             else "rawget seq, 8 MiB ranges, 16 in flight")
-                    rate = (f"{n / secs:,.0f} objects/s" if k.startswith("small")
+                    rate = (f"{n / secs:,.0f} objects/s" if k.startswith(("small", "curl"))
                             else f"{med([r[k]['mib_per_s'] for r in raw if k in r]):,.0f} MiB/s")
                     L.append(f"| raw-get ({what}) | {secs:.2f} ({rate}) | - | {secs / raw_secs:.2f} | - "
                              f"| {fmt_reqs(med_reqs([r for r in raw if k in r], k))} | - | - | - | - |")
