@@ -178,11 +178,13 @@ fn workers_sharing_a_descriptor_each_keep_a_window() {
         }
     });
     // Per quarter: the ramp (the window doubles from 64 KiB to 8 MiB, one
-    // read's GET at a time: about 8), then 8 MiB parts: 11 measured. One
-    // stream for all four resets at almost every read: 128 GETs measured.
+    // read's GET at a time: about 8), then 8 MiB parts: 37-46 in all measured
+    // alone, 63 once with the whole suite running (reads arriving out of
+    // order early on start extra streams). One stream for all four resets at
+    // almost every read: 128 measured.
     let gets = s.request_count("GetObject");
     eprintln!("{gets} GETs for 4 interleaved 16 MiB streams");
-    assert!(gets <= 48, "{gets} GETs for 4 interleaved 16 MiB streams");
+    assert!(gets <= 80, "{gets} GETs for 4 interleaved 16 MiB streams");
 }
 
 #[test]
