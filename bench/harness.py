@@ -69,6 +69,8 @@ WORKLOADS = {
     "loader-tar": ("loader", "py", "MiB/s"),
     "loader-small": ("loader", "py", "files/s"),
     "handles-200": ("loader", "py", "MiB/s"),
+    "fork-shared": ("loader", "py", "MiB/s"),
+    "fork-own": ("loader", "py", "MiB/s"),
     "meta-tree": ("meta", "py", "entries/s"),
     "meta-flat": ("meta", "py", "entries/s"),
     "find-tree": ("meta", "py", "entries/s"),
@@ -95,6 +97,9 @@ WORKLOAD_TEXT = {
     "loader-tar": "Python: 8 worker processes, tarfile stream of 16 shards of loader/ (2 each, one after the other)",
     "loader-small": "Python: 8 worker processes open+read JPEG-sized files",
     "handles-200": "Python: 200 open files (threads) over the 4 shards at spread offsets, 1 MiB reads",
+    "fork-shared": "Python: 4 forked workers, one descriptor opened before the fork, each preads its own quarter "
+                   "of 1 shard once, 1 MiB reads",
+    "fork-own": "Python: as fork-shared, but each worker opens the shard itself",
     "meta-tree": "Python: os.walk + os.stat, 100 dirs x 1000 files",
     "meta-flat": "Python: os.walk + os.stat, 1 dir of 100,000 files",
     "find-tree": "find MOUNT/tree -type f | wc -l",
@@ -523,7 +528,7 @@ def parts_read_by(workloads):
     (a workload this table does not know)."""
     need = set()
     for w in workloads:
-        if w.startswith(("seq-", "rand-")) or w == "handles-200":
+        if w.startswith(("seq-", "rand-", "fork-")) or w == "handles-200":
             need.add("shards")
         elif w == "loader-tar":
             need.add("loader")
@@ -818,6 +823,9 @@ def py_cmd(workload, root, m):
     if workload == "handles-200":
         return w + ["handles", "--root", root, "--shards", ",".join(SHARD_KEYS), "--handles", "200",
                     "--secs", str(m["loader_secs"])]
+    if workload.startswith("fork-"):
+        return w + ["quarters", "--root", root, "--shard", SHARD_KEYS[0], "--workers", "4", "--secs",
+                    str(m["loader_secs"])] + (["--shared"] if workload == "fork-shared" else [])
     if workload == "loader-small":
         return w + ["loader-small", "--root", root, "--dirs", str(m["jpeg_dirs"]), "--per-dir", str(m["jpeg_per"]),
                     "--workers", "8", "--secs", str(m["loader_secs"])]
@@ -848,7 +856,7 @@ def run_py(workload, root, m):
 
 def rawget_cmd(workload, rawget, bucket, m):
     base = [rawget]
-    if workload.startswith("seq-1j"):
+    if workload.startswith(("seq-1j", "fork-")):
         return base + ["seq", "--bucket", bucket, "--keys", SHARD_KEYS[0], "--concurrency", str(RAW_SEQ_CONCURRENCY),
                        "--max-secs", str(m["seq_secs"])]
     if workload.startswith("seq-4j") or workload in ("loader-tar", "handles-200"):

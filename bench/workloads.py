@@ -112,6 +112,38 @@ def _run_workers(target, arglists, secs):
     }
 
 
+def _quarter_worker(path, fd, w, workers, deadline, start_evt, out):
+    """Worker `w` of `workers`: reads its own 1/workers of `path` front to back in
+    1 MiB preads, once, through `fd` (opened before the fork, shared) or its own open."""
+    start_evt.wait()
+    f = fd if fd is not None else os.open(path, os.O_RDONLY)
+    part = os.fstat(f).st_size // workers // MIB * MIB
+    off, end = w * part, (w + 1) * part
+    nbytes = 0
+    complete = True
+    while off < end:
+        if time.monotonic() >= deadline:
+            complete = False
+            break
+        b = os.pread(f, min(MIB, end - off), off)
+        if not b:
+            break
+        off += len(b)
+        nbytes += len(b)
+    out.put((nbytes, 1, complete, time.monotonic()))
+
+
+def quarters(a):
+    """`--workers` forked processes each read their own part of one shard (a
+    DataLoader whose workers split a file); `--shared`: through one descriptor
+    opened before the fork, as workers forked after the dataset opened it have."""
+    path = os.path.join(a.root, a.shard)
+    fd = os.open(path, os.O_RDONLY) if a.shared else None
+    r = _run_workers(_quarter_worker, [(path, fd, w, a.workers) for w in range(a.workers)], a.secs)
+    r["shared"] = a.shared
+    return r
+
+
 def loader_tar(a):
     shards = [os.path.join(a.root, k) for k in a.shards.split(",") if k]
     workers = min(a.workers, len(shards))
@@ -334,6 +366,12 @@ def main():
     hd.add_argument("--shards", required=True)
     hd.add_argument("--handles", type=int, default=200)
     hd.add_argument("--secs", type=float, default=8)
+    qp = sub.add_parser("quarters")
+    qp.add_argument("--root", required=True)
+    qp.add_argument("--shard", required=True)
+    qp.add_argument("--workers", type=int, default=4)
+    qp.add_argument("--shared", action="store_true")
+    qp.add_argument("--secs", type=float, default=8)
     s = sub.add_parser("loader-small")
     s.add_argument("--root", required=True)
     s.add_argument("--dirs", type=int, required=True)
@@ -359,7 +397,7 @@ def main():
     e = sub.add_parser("evict")
     e.add_argument("paths", nargs="+")
     a = p.parse_args()
-    fn = {"loader-tar": loader_tar, "handles": handles, "loader-small": loader_small, "meta": meta, "walk-tool": walk_tool,
+    fn = {"loader-tar": loader_tar, "handles": handles, "quarters": quarters, "loader-small": loader_small, "meta": meta, "walk-tool": walk_tool,
           "stat-hot": stat_hot, "evict": evict}[a.cmd]
     print(json.dumps(fn(a)), flush=True)
 
