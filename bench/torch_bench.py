@@ -486,7 +486,7 @@ def server_text(meta):
                "by an earlier run into the same Garage data dir (`$BENCH_DIR/garage`)."))
 
 
-def merge_raw(raws):
+def merge_raw(raws, mixed_builds=False):
     """One (meta, results) of several runs' raw JSON against the same server and
     data set: the results of each system and variant pooled, each run named in
     meta["parts"]. Errors: runs of different servers or data sets."""
@@ -496,7 +496,7 @@ def merge_raw(raws):
             if m.get(k) != metas[0].get(k):
                 sys.exit(f"--report: the runs differ in {k} ({metas[0].get(k)!r} vs {m.get(k)!r})")
     built = {m.get("lakemount") for m in metas if any(s.startswith("lakemount") for s in m["systems"])}
-    if len(built) > 1:
+    if len(built) > 1 and not mixed_builds:
         sys.exit(f"--report: the runs measured different lakemount builds: {sorted(built)}")
     meta = dict(metas[0])
     meta["parts"] = metas
@@ -733,6 +733,10 @@ def main():
     p.add_argument("--report", metavar="RAW_JSON", action="append",
                    help="only rewrite RESULTS.md from an earlier run's raw JSON; repeated: one table of several "
                         "runs of the same server and data set (e.g. the slow systems with fewer --runs)")
+    p.add_argument("--mixed-builds", action="store_true",
+                   help="with several --report: pool runs of different lakemount builds anyway (each run's build "
+                        "is named in the section's header); only for builds that differ in code the suite does "
+                        "not run")
     p.add_argument("--note", action="append", default=[],
                    help="a note printed under the table (repeatable; with --report: added to the run's notes)")
     a = p.parse_args()
@@ -742,7 +746,7 @@ def main():
         for path in a.report:
             with open(path) as f:
                 raws.append(json.load(f))
-        meta, results = merge_raw(raws) if len(raws) > 1 else (raws[0]["meta"], raws[0]["results"])
+        meta, results = merge_raw(raws, a.mixed_builds) if len(raws) > 1 else (raws[0]["meta"], raws[0]["results"])
         meta["notes"] = meta.get("notes", []) + a.note
         write(a, meta, results)
         log(f"wrote {a.results} from {', '.join(a.report)}")
