@@ -350,7 +350,7 @@ def raw_curl(a, g, d, prefix):
                 n += 1
     cmd = ["curl", "-s", "--parallel", "--parallel-immediate", "--parallel-max", str(CURL_PARALLEL),
            "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", "--aws-sigv4", f"aws:amz:{g.region}:s3",
-           "--user", f"{g.key_id}:{g.secret}", "-K", cfg, "-w", "%{http_code}\n"]
+           "--user", f"{g.key_id}:{g.secret}", "-K", cfg, "-w", r"%{http_code}\n"]
     before = g.counters()
     t = time.monotonic()
     r = h.run_group(cmd, env=h.s3_env(g), timeout=3600)
