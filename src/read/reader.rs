@@ -13,16 +13,17 @@
 //!
 //! "Sequential" tolerates the reordering kernel read-ahead and multi-threaded
 //! FUSE dispatch produce: a read up to one window (and at least 4 reads of its
-//! size) behind the first part held or beyond the last one continues the
-//! stream (the gap is fetched).
+//! size) behind the first part held or beyond the last one (or, holding none,
+//! around where its last read ended) continues the stream (the gap is
+//! fetched).
 //!
 //! One open file may carry several streams at once: workers forked with a
 //! shared descriptor each reading their own range, interleaved tar members,
 //! Parquet column chunks read in parallel. A read that continues no stream
 //! starts a new one (a seek), and the least recently read of
-//! [`MAX_STREAMS`] goes, its GETs nobody awaits cancelled. A true random
-//! reader so never grows a window: each read starts a stream of its own with
-//! the initial window. Reads of one handle may run concurrently; the lock is
+//! [`MAX_STREAMS`] goes, its GETs nobody awaits cancelled. A random reader
+//! so starts a stream with the initial window at each read that lands near
+//! none of its streams; one landing near one continues it. Reads of one handle may run concurrently; the lock is
 //! never held across a GET.
 //!
 //! Each read is planned in steps, each a function of its own: pick the stream
@@ -116,10 +117,12 @@ impl Stream {
         self.coverage().unwrap_or((self.last_end, self.last_end))
     }
 
-    /// How far a read at `offset` is from the stream's span, bytes (0 within).
+    /// How far a read at `offset` is from where this stream's last read
+    /// ended, bytes. Not from its span: one worker's read-ahead can reach
+    /// past the next worker's position, and that worker's reads belong to
+    /// its own stream.
     fn distance(&self, offset: u64) -> u64 {
-        let (a, b) = self.span();
-        a.saturating_sub(offset).max(offset.saturating_sub(b))
+        offset.abs_diff(self.last_end)
     }
 
     /// Whether a read of `[offset, end)` continues this stream: it lies
@@ -179,6 +182,19 @@ impl Stream {
         }
     }
 
+    /// Lets the leading parts go whose every byte was handed out: what the
+    /// read just planned took whole (it holds what it waits on). Parts
+    /// behind them that were not read whole stay for a late, reordered read.
+    fn drop_taken(&mut self) {
+        while self
+            .parts
+            .front()
+            .is_some_and(|p| p.delivered >= p.end - p.start)
+        {
+            self.parts.pop_front();
+        }
+    }
+
     /// GETs in flight.
     fn in_flight(&self) -> usize {
         self.parts.iter().filter(|p| !p.is_finished()).count()
@@ -214,8 +230,8 @@ struct Streams(VecDeque<Stream>);
 
 impl Streams {
     /// Moves the stream a read of `[offset, end)` continues to the front:
-    /// of those it continues, the nearest. `false`: it continues none (a
-    /// seek).
+    /// of those it continues, the one whose last read ended nearest.
+    /// `false`: it continues none (a seek).
     fn pick(&mut self, offset: u64, end: u64, initial: u64) -> bool {
         let Some((i, _)) = self
             .0
@@ -251,7 +267,7 @@ impl Streams {
         self.0.push_front(Stream::started(offset, end, initial));
     }
 
-    /// Drops every stream's parts when one's GET failed
+    /// Drops the parts of each stream one of whose GETs failed
     /// ([`Stream::drop_failed`]).
     fn drop_failed(&mut self) {
         self.0.iter_mut().for_each(Stream::drop_failed);
@@ -384,9 +400,9 @@ impl<S: ObjectStore> Reader<S> {
         }
         self.schedule(st, offset, end);
         let wanted = st.wanted(detached.as_ref(), offset, end);
-        // Parts this read took whole go now (the read holds what it waits
-        // on): a stream left for another keeps no bytes nobody will ask for.
-        st.trim_behind(end, u64::MAX);
+        // Parts this read took whole go now: a stream left for another keeps
+        // no bytes nobody will ask for.
+        st.drop_taken();
         st.last_end = end;
         metrics::gauge!(m::PREFETCH_MEMORY_BYTES).set(self.budget.in_use() as f64);
         wanted
@@ -652,6 +668,34 @@ mod tests {
         assert_eq!(two.0[0].last_end, 1400);
         assert!(two.pick(1050, 1150, 100));
         assert_eq!(two.0[0].last_end, 1000);
+    }
+
+    /// One worker's read-ahead reaching past the next worker's position does
+    /// not take that worker's reads: the stream whose last read ended there
+    /// does, even when the other was read more recently.
+    #[tokio::test]
+    async fn a_read_goes_to_the_stream_it_follows_not_one_whose_window_covers_it() {
+        let mut ss = Streams::default();
+        ss.start(5000, 5100, 100); // worker B, nothing held
+        let mut a = stream_with(&[(0, 10_000)], 10_000).await; // worker A's window
+        a.last_end = 1000;
+        ss.0.push_front(a);
+        assert!(ss.pick(5100, 5200, 100));
+        assert_eq!(ss.0[0].last_end, 5100, "B's stream");
+        assert!(ss.pick(1000, 1100, 100));
+        assert_eq!(ss.0[0].coverage(), Some((0, 10_000)), "A's stream");
+    }
+
+    /// The parts a read took whole go at once, up to the first one it did
+    /// not; those behind the reader stay for late reads.
+    #[tokio::test]
+    async fn parts_taken_whole_go_up_to_the_first_that_was_not() {
+        let mut st = stream_with(&[(0, 100), (100, 200), (200, 300)], 100).await;
+        st.parts[0].delivered = 100;
+        st.parts[1].delivered = 50;
+        st.parts[2].delivered = 100;
+        st.drop_taken();
+        assert_eq!(st.coverage(), Some((100, 300)));
     }
 
     /// One failed part makes the reader drop everything it holds.
