@@ -267,6 +267,13 @@ impl Streams {
         self.0.push_front(Stream::started(offset, end, initial));
     }
 
+    /// Streams holding parts (at least 1): those the fair share is split
+    /// among. A stream whose parts were all read and let go (a random read's,
+    /// one a reader left) takes no share.
+    fn holding(&self) -> usize {
+        self.0.iter().filter(|s| !s.parts.is_empty()).count().max(1)
+    }
+
     /// Drops the parts of each stream one of whose GETs failed
     /// ([`Stream::drop_failed`]).
     fn drop_failed(&mut self) {
@@ -356,9 +363,9 @@ impl<S: ObjectStore> Reader<S> {
         PendingRead::new(offset, end, self.plan(offset, end))
     }
 
-    /// The largest window one of this reader's `streams` streams may have
-    /// now, bytes: `max_window`, or less while other readers share the
-    /// budget: its fair share, divided among the streams, rounded down to a
+    /// The largest window one of this reader's streams may have now, bytes,
+    /// when `streams` of them hold parts: `max_window`, or less while other
+    /// readers share the budget: its fair share, divided among them, rounded down to a
     /// power of two, so that parts keep the sizes whose buffers are reused
     /// ([`crate::store::pool`]). The rounding can leave up to half of a
     /// reader's share unused (7.5 MiB with 200 readers of a 1,504 MiB budget
@@ -386,7 +393,7 @@ impl<S: ObjectStore> Reader<S> {
         streams.drop_failed();
         let initial = self.initial();
         let mut detached = None;
-        let cap = self.window_cap(streams.0.len());
+        let cap = self.window_cap(streams.holding());
         let continued = streams.pick(offset, end, initial);
         if !continued {
             streams.start(offset, end, initial);
@@ -684,6 +691,23 @@ mod tests {
         assert_eq!(ss.0[0].last_end, 5100, "B's stream");
         assert!(ss.pick(1000, 1100, 100));
         assert_eq!(ss.0[0].coverage(), Some((0, 10_000)), "A's stream");
+    }
+
+    /// Streams that hold nothing (random reads done, streams left) take no
+    /// share of the budget from the one that streams.
+    #[tokio::test]
+    async fn only_streams_holding_parts_split_the_share() {
+        let mut ss = Streams::default();
+        assert_eq!(ss.holding(), 1, "at least one");
+        for i in 0..7 {
+            ss.start(i * 10_000, i * 10_000 + 100, 100);
+        }
+        ss.0.push_front(stream_with(&[(100_000, 101_000)], 1000).await);
+        assert_eq!(ss.holding(), 1);
+        ss.0[3]
+            .parts
+            .push_back(done_part(30_100, 30_200, true).await);
+        assert_eq!(ss.holding(), 2);
     }
 
     /// The parts a read took whole go at once, up to the first one it did
