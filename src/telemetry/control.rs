@@ -424,6 +424,75 @@ mod tests {
         assert_eq!(escape(Path::new("/x y")), "x\\x20y");
     }
 
+    fn state(started_ago: Duration, last_ok_ago: Option<Duration>, error: Option<&str>) -> State {
+        let now = Instant::now();
+        let started = now - started_ago;
+        let last_ok_ms = last_ok_ago.map_or(0, |ago| (started_ago - ago).as_millis() as u64);
+        State {
+            info: MountInfo {
+                mountpoint: "/mnt/x".into(),
+                bucket: "b".into(),
+                prefix: String::new(),
+                read_only: true,
+                cache_dir: None,
+                memory_budget_bytes: 0,
+                version: "0",
+                pid: 1,
+            },
+            started,
+            health: Arc::new(Health {
+                started,
+                last_ok_ms: AtomicU64::new(last_ok_ms),
+                last_error: std::sync::Mutex::new(error.map(String::from)),
+                stop: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    fn get(state: &State, path: &str) -> (StatusCode, String) {
+        let req = Request::get(path).body(()).unwrap();
+        let resp = route(&req, state, false);
+        let status = resp.status();
+        let body = resp.into_body();
+        let bytes = futures::executor::block_on(http_body_util::BodyExt::collect(body))
+            .unwrap()
+            .to_bytes();
+        (status, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn a_session_silent_past_the_window_is_unhealthy_with_its_last_error() {
+        let s = state(
+            Duration::from_secs(60),
+            Some(HEALTHY_WITHIN + Duration::from_secs(5)),
+            Some("statfs: Transport endpoint is not connected (os error 107)"),
+        );
+        for path in ["/healthz", "/readyz"] {
+            let (status, body) = get(&s, path);
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {body}");
+            assert!(body.contains("has not answered statfs for 20 s"), "{body}");
+            assert!(body.contains("not connected"), "{body}");
+        }
+        // Within the window it is healthy, whatever an older probe said.
+        let s = state(
+            Duration::from_secs(60),
+            Some(Duration::from_secs(5)),
+            Some("old"),
+        );
+        assert_eq!(get(&s, "/healthz"), (StatusCode::OK, "ok\n".into()));
+    }
+
+    #[test]
+    fn not_ready_before_the_first_probe_and_unhealthy_when_it_never_comes() {
+        let fresh = state(Duration::from_secs(1), None, None);
+        assert_eq!(get(&fresh, "/healthz").0, StatusCode::OK);
+        let (status, body) = get(&fresh, "/readyz");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("has not answered a probe yet"), "{body}");
+        let stuck = state(HEALTHY_WITHIN + Duration::from_secs(1), None, None);
+        assert_eq!(get(&stuck, "/healthz").0, StatusCode::SERVICE_UNAVAILABLE);
+    }
+
     #[test]
     fn long_mount_points_get_a_digest() {
         let long = format!("/{}", "d".repeat(200));
