@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import re
+import resource
 import secrets
 import shlex
 import shutil
@@ -30,6 +31,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 MIB = 1048576
+GIB = 1 << 30
 
 # ------------------------------------------------------------------ settings
 
@@ -645,6 +647,10 @@ class Mount:
             return None
         return None
 
+    def cpu_secs(self):
+        """CPU-seconds (user + system, all threads, and children it waited for) of the daemon so far."""
+        return proc_cpu_secs(self.proc.pid)
+
     def stop(self):
         if os.path.ismount(self.mnt):
             for _ in range(20):
@@ -668,6 +674,20 @@ class Mount:
 
 MOUNT_S3_MISSING = ("not built: no bench/mountpoint/target/release/mount-s3 (bench/run.sh builds it from the "
                     "Mountpoint for Amazon S3 library crates of crates.io, ~11 minutes once) and no `mount-s3` on PATH")
+
+
+def proc_cpu_secs(pid):
+    """utime + stime + cutime + cstime of a live process, seconds (proc(5), fields 14-17)."""
+    with open(f"/proc/{pid}/stat") as f:
+        # The command name (field 2) is in parentheses and may hold spaces.
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_secs():
+    """CPU-seconds of every child this process has waited for (getrusage(2), RUSAGE_CHILDREN)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def mount_s3_binary():
@@ -896,8 +916,10 @@ def measure(system, workload, ctx):
     kind = WORKLOADS[workload][1]
     res = {"load": loadavg()}
     if system == "raw-get":
-        before = g.counters()
+        before, cpu = g.counters(), children_cpu_secs()
         res.update(run_rawget(workload, rawget, bucket, m, g))
+        # The client's own CPU: the one child waited for in between is rawget.
+        res["cpu_s"] = children_cpu_secs() - cpu
         res["requests"] = diff(g.counters(), before)
         return res
     if system == "local-disk":
@@ -910,14 +932,24 @@ def measure(system, workload, ctx):
     mount = ctx["factories"][system]()
     mount.start()
     try:
-        before = g.counters()
+        before, cpu = g.counters(), mount.cpu_secs()
         res.update(run_fio(workload, mount.mnt, secs_for(workload, m), tmp) if kind == "fio"
                    else run_py(workload, mount.mnt, m))
+        res["cpu_s"] = mount.cpu_secs() - cpu
         res["requests"] = diff(g.counters(), before)
         res["rss_mib"] = mount.peak_rss_mib()
     finally:
         mount.stop()
     return res
+
+
+def cpu_per_unit(r, workload):
+    """CPU-seconds per GiB read, or per 1,000 files for the small-file loader; None if unknown."""
+    if r.get("cpu_s") is None:
+        return None
+    if WORKLOADS[workload][2] == "files/s":
+        return r["cpu_s"] / (r["files"] / 1000) if r.get("files") else None
+    return r["cpu_s"] / (r["bytes"] / GIB) if r.get("bytes") else None
 
 
 def secs_for(workload, m):
@@ -980,9 +1012,11 @@ def summarize(results, workloads, systems):
                 continue
             vals = [r["value"] for r in ok]
             rss = [r["rss_mib"] for r in ok if r.get("rss_mib") is not None]
+            cpu = [c for c in (cpu_per_unit(r, w) for r in ok) if c is not None]
             table[(s, w)] = {
                 "median": statistics.median(vals), "values": vals, "n": len(ok), "failed": len(runs) - len(ok),
                 "requests": median_requests(ok), "rss_mib": max(rss) if rss else None,
+                "cpu": statistics.median(cpu) if cpu else None,
                 "partial": sum(1 for r in ok if r.get("complete") is False),
                 "secs": statistics.median([r["secs"] for r in ok]) if all("secs" in r for r in ok) else None,
                 "errors": [r["error"] for r in runs if "error" in r],
@@ -1131,6 +1165,16 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
             if s == "local-disk":
                 return "n/a (kernel)"
             return f"{t['rss_mib']:.0f}" if t.get("rss_mib") is not None else "? " + note("VmHWM unreadable")
+        if what == "cpu":
+            if s == "local-disk":
+                return "n/a (kernel)"
+            if t.get("cpu") is None:
+                return "? " + note("CPU time unreadable, or no bytes read")
+            txt = f"{t['cpu']:.2f}"
+            base = table.get(("raw-get", w), {})
+            if s != "raw-get" and base.get("cpu"):
+                txt += f" ({t['cpu'] / base['cpu']:.2f}x)"
+            return txt
         raise ValueError(what)
 
     head = "| workload | unit | " + " | ".join(systems) + " |"
@@ -1237,6 +1281,18 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
     L.append(sep)
     for w in workloads:
         L.append(f"| {w} | MiB | " + " | ".join(cell(s, w, "rss") for s in systems) + " |")
+    L.append("")
+    L.append("## CPU-seconds per GiB read (per 1,000 files for loader-small; median; in brackets the ratio "
+             "to the raw-GET client's)\n")
+    L.append("The daemon's own accounting (/proc/PID/stat: user + system, all threads) over the workload; for "
+             "raw-get the client's (getrusage of the child). The server's and the reader's CPU are not in it.\n")
+    L.append(head)
+    L.append(sep)
+    for w in workloads:
+        if w in NO_LIMIT or WORKLOADS[w][0] == "meta":
+            continue
+        unit = "s/1k files" if WORKLOADS[w][2] == "files/s" else "s/GiB"
+        L.append(f"| {w} | {unit} | " + " | ".join(cell(s, w, "cpu") for s in systems) + " |")
     L.append("")
 
     L.append("## Exact commands\n")
@@ -1470,7 +1526,8 @@ def main():
                         results.setdefault((s, w), []).append(r)
                         log(f"{w:13} run {i + 1}/{m['runs']} {s:12} {fmt_value(r['value'], WORKLOADS[w][2]):>9} "
                             f"{WORKLOADS[w][2]:9} {fmt_requests(r.get('requests', {}))[:60]:60} "
-                            f"rss {r.get('rss_mib') or 0:5.0f} MiB  ({time.monotonic() - t:.1f} s, load {r['load']:.1f})")
+                            f"rss {r.get('rss_mib') or 0:5.0f} MiB  cpu {r.get('cpu_s') or 0:5.2f} s  "
+                            f"({time.monotonic() - t:.1f} s, load {r['load']:.1f})")
                     except Exception as e:  # noqa: BLE001 - recorded next to the cell
                         msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
                         results.setdefault((s, w), []).append({"error": msg})
