@@ -276,6 +276,17 @@ impl Config {
                 ),
             );
         }
+        if !(crate::store::MIN_PART_SIZE..=crate::store::MAX_PART_SIZE).contains(&w.max_copy_size) {
+            return bad(
+                "write.max_copy_size",
+                format!(
+                    "{}; accepted: {} to {} bytes (S3's part limits)",
+                    w.max_copy_size,
+                    crate::store::MIN_PART_SIZE,
+                    crate::store::MAX_PART_SIZE
+                ),
+            );
+        }
         if w.upload_memory < w.part_size {
             return bad(
                 "write.upload_memory",

@@ -532,3 +532,76 @@ fn signed_payload_uploads_round_trip() {
         server.request_counts()
     );
 }
+
+/// A rename of an object larger than `write.max_copy_size` copies it as a
+/// multipart upload of UploadPartCopy parts (the 5 GiB CopyObject limit,
+/// scaled down), for a file and for a directory holding one; the copies are
+/// byte-exact and readable at once under the new names, the old keys gone;
+/// a refused part fails the rename, aborts the upload and moves nothing.
+#[test]
+fn renames_past_one_copy_object_copy_part_by_part() {
+    let server = private_server();
+    let b = bucket_on(&server, "w-bigcopy");
+    let big = data((12 << 20) + 1, 3);
+    server.put(&b, "big.bin", big.clone());
+    server.put(&b, "dir/inner.bin", big.clone());
+    server.put(&b, "dir/small.bin", data(100, 4));
+    let staging = TempDir::new("staging");
+    let m = rw(
+        &server,
+        &b,
+        &staging.0,
+        "[write]\nmax_copy_size = \"5MiB\"\n",
+    );
+    server.reset_counts();
+    std::fs::rename(m.p("big.bin"), m.p("moved.bin"))
+        .unwrap_or_else(|e| panic!("{e}: {}", m.log()));
+    // 12 MiB + 1 byte in parts of 5 MiB: 5, 5 and 2 MiB + 1 byte.
+    assert_eq!(
+        server.request_count("UploadPartCopy"),
+        3,
+        "{:?}",
+        server.request_counts()
+    );
+    assert_eq!(server.request_count("CopyObject"), 0);
+    assert_eq!(server.get(&b, "moved.bin").as_deref(), Some(&big[..]));
+    assert!(server.get(&b, "big.bin").is_none());
+    assert_eq!(std::fs::read(m.p("moved.bin")).unwrap(), big);
+
+    std::fs::rename(m.p("dir"), m.p("dir2")).unwrap_or_else(|e| panic!("{e}: {}", m.log()));
+    let mut keys = server.keys(&b);
+    keys.sort();
+    assert_eq!(keys, vec!["dir2/inner.bin", "dir2/small.bin", "moved.bin"]);
+    assert_eq!(server.get(&b, "dir2/inner.bin").as_deref(), Some(&big[..]));
+    assert_eq!(server.get(&b, "dir2/small.bin").unwrap(), data(100, 4));
+    assert_eq!(server.request_count("UploadPartCopy"), 6);
+    assert_eq!(
+        server.request_count("CopyObject"),
+        1,
+        "the small file: one CopyObject"
+    );
+
+    // A part the server refuses fails the rename: the upload is aborted,
+    // no part is left, and both names stay as they were.
+    server.fail_next("UploadPartCopy", 403, 1);
+    let r = std::fs::rename(m.p("moved.bin"), m.p("again.bin"));
+    assert!(r.is_err(), "rename succeeded past a refused part");
+    assert!(server.get(&b, "again.bin").is_none());
+    assert_eq!(server.get(&b, "moved.bin").as_deref(), Some(&big[..]));
+    assert_eq!(std::fs::read(m.p("moved.bin")).unwrap(), big);
+    assert_errno(
+        std::fs::metadata(m.p("again.bin")),
+        libc::ENOENT,
+        "the new name",
+    );
+    assert_eq!(
+        server.request_count("AbortMultipartUpload"),
+        1,
+        "{:?}",
+        server.request_counts()
+    );
+    assert!(
+        server.open_uploads(&b).is_empty(),
+        "an upload was left open"
+    );
+}

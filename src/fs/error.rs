@@ -41,10 +41,6 @@ pub enum FsError {
     /// Staging is full (`write.staging_max_size`) or its disk is.
     #[error("no space left in staging: {0}")]
     NoSpace(String),
-    /// A rename lakemount cannot do in place (an object larger than one
-    /// CopyObject, 5 GiB): EXDEV, on which `mv` copies and unlinks.
-    #[error("cannot rename in place: {0}")]
-    CrossDevice(String),
     /// An argument the operation does not take (EINVAL).
     #[error("invalid argument: {0}")]
     Invalid(String),
@@ -82,7 +78,6 @@ impl FsError {
             FsError::NotEmpty => libc::ENOTEMPTY,
             FsError::Exists => libc::EEXIST,
             FsError::NoSpace(_) => libc::ENOSPC,
-            FsError::CrossDevice(_) => libc::EXDEV,
             FsError::Invalid(_) => libc::EINVAL,
             FsError::Busy => libc::ETXTBSY,
             FsError::Local(e, _) => *e,

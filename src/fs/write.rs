@@ -3,6 +3,7 @@
 //! mkdir, unlink, rmdir, rename; and the overlay's part in lookup, getattr
 //! and readdir. Every one answers EROFS on a read-only mount.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use bytes::Bytes;
 use super::{Fs, FsError, Opened, Stat};
 use crate::meta::names::{BadName, check_name};
 use crate::meta::{Attr, DirListing, EntryKind, ListedEntry};
-use crate::store::{MAX_PART_SIZE, ObjectStore, StoreError, WriteStore};
+use crate::store::{ObjectStore, StoreError, WriteStore};
 use crate::write::{Local, LocalChild, Staged, StagedAttr, Writes};
 
 /// An open handle of a staged file.
@@ -571,9 +572,10 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// Renames `name` of `parent` to `new_name` of `new_parent`, replacing
     /// a file there. A staged file moves in staging (no S3 request); an
     /// object is copied (CopyObject pinned to its ETag) then deleted; a
-    /// directory moves key by key. Errors: EROFS, ENOENT, EISDIR, ENOTDIR,
-    /// ENOTEMPTY, EEXIST (RENAME_NOREPLACE), EINVAL (other flags), EXDEV
-    /// (an object over 5 GiB), the store's.
+    /// directory moves key by key. An object over `write.max_copy_size` is
+    /// copied part by part (UploadPartCopy). Errors: EROFS, ENOENT, EISDIR,
+    /// ENOTDIR, ENOTEMPTY, EEXIST (RENAME_NOREPLACE), EINVAL (other flags),
+    /// the store's.
     pub async fn rename(
         &self,
         parent: u64,
@@ -633,25 +635,25 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             }
             other => other,
         };
+        // New key -> the ETag of its copy, for the renamed inodes.
+        let mut copied = HashMap::new();
         match src {
             Found::Staged => {}
             Found::Object(e) => {
-                if e.size > MAX_PART_SIZE {
-                    return Err(FsError::CrossDevice(format!(
-                        "{from:?} is over 5 GiB, past one CopyObject"
-                    )));
-                }
                 w.hide(&from);
-                let res = self.move_object(&from, &e.etag, &to).await;
+                let res = self
+                    .move_object(&from, &e.etag, e.size, &to, w.max_copy_size())
+                    .await;
                 w.unhide(&from);
-                res?;
+                copied.insert(to.clone(), res?);
                 if matches!(dst, Found::Staged) {
                     // Replaced by the copy, once it succeeded.
                     w.unlink(&to);
                 }
             }
             Found::Dir => {
-                self.rename_dir(&w, &format!("{from}/"), &format!("{to}/"))
+                copied = self
+                    .rename_dir(&w, &format!("{from}/"), &format!("{to}/"))
                     .await?
             }
             Found::Missing => unreachable!("checked above"),
@@ -659,15 +661,26 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         self.meta
             .inodes
             .rename(parent, name, new_parent, to_name, &new_dir.key);
+        self.meta.inodes.set_copied(&copied, SystemTime::now());
         Ok(())
     }
 
-    /// CopyObject `from` (at `etag`) to `to`, then DeleteObject `from`;
-    /// both directories' listings are dropped.
-    async fn move_object(&self, from: &str, etag: &str, to: &str) -> Result<(), FsError> {
+    /// Copies `from` (at `etag`, `size` bytes; [`crate::store::copy_object`])
+    /// to `to`, then DeleteObject `from`; both directories' listings are
+    /// dropped. Returns the copy's ETag.
+    async fn move_object(
+        &self,
+        from: &str,
+        etag: &str,
+        size: u64,
+        to: &str,
+        max_copy: u64,
+    ) -> Result<String, FsError> {
         let res = async {
-            self.store.copy(from, etag, to).await?;
-            self.store.delete(from).await
+            let etag =
+                crate::store::copy_object(&*self.store, from, etag, size, to, max_copy).await?;
+            self.store.delete(from).await?;
+            Ok::<_, StoreError>(etag)
         }
         .await;
         for k in [from, to] {
@@ -679,8 +692,13 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
 
     /// Moves directory `from` to `to` (prefixes ending in `/`): every
     /// object under it by copy and delete, staged files and local
-    /// directories in staging. Checked first: no object over 5 GiB (EXDEV).
-    async fn rename_dir(&self, w: &Arc<Writes<S>>, from: &str, to: &str) -> Result<(), FsError> {
+    /// directories in staging. Returns each copied object's new key and ETag.
+    async fn rename_dir(
+        &self,
+        w: &Arc<Writes<S>>,
+        from: &str,
+        to: &str,
+    ) -> Result<HashMap<String, String>, FsError> {
         let mut objects = Vec::new();
         let mut token = None;
         loop {
@@ -694,33 +712,37 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
                 break;
             }
         }
-        if let Some(big) = objects.iter().find(|o| o.size > MAX_PART_SIZE) {
-            return Err(FsError::CrossDevice(format!(
-                "{:?} is over 5 GiB, past one CopyObject",
-                big.key
-            )));
-        }
         for o in &objects {
             w.hide(&o.key);
         }
         let res = async {
+            let mut copied = HashMap::new();
             for o in &objects {
                 let target = format!("{to}{}", &o.key[from.len()..]);
-                self.store.copy(&o.key, &o.etag, &target).await?;
+                let etag = crate::store::copy_object(
+                    &*self.store,
+                    &o.key,
+                    &o.etag,
+                    o.size,
+                    &target,
+                    w.max_copy_size(),
+                )
+                .await?;
+                copied.insert(target, etag);
             }
             for o in &objects {
                 self.store.delete(&o.key).await?;
             }
-            Ok::<_, StoreError>(())
+            Ok::<_, StoreError>(copied)
         }
         .await;
         for o in &objects {
             w.unhide(&o.key);
         }
         self.meta.invalidate_all();
-        res?;
+        let copied = res?;
         w.rename_dir(from, to)?;
-        Ok(())
+        Ok(copied)
     }
 }
 

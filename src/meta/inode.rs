@@ -241,6 +241,26 @@ impl InodeTable {
         Some(i.attr.clone())
     }
 
+    /// Objects a rename copied to new keys: every file inode whose key is in
+    /// `etags` (new key -> the copy's ETag) gets that ETag and `mtime`,
+    /// confirmed now, so its reads are pinned to the copy (a copy's ETag
+    /// differs from its source's when either is a multipart upload).
+    pub fn set_copied(&self, etags: &std::collections::HashMap<String, String>, mtime: SystemTime) {
+        if etags.is_empty() {
+            return;
+        }
+        let mut t = self.table.lock().unwrap();
+        for i in t.inodes.values_mut() {
+            if i.attr.kind == EntryKind::File
+                && let Some(etag) = etags.get(&i.attr.key)
+            {
+                i.attr.etag = etag.clone();
+                i.attr.mtime = Some(mtime);
+                i.attr.validated = Instant::now();
+            }
+        }
+    }
+
     /// The name `name` of `parent` is gone (unlink, rmdir): the next entry
     /// of that name gets a new inode; open handles of the old one keep it.
     pub fn unlink(&self, parent: u64, name: &str) {

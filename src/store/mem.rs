@@ -227,6 +227,32 @@ impl WriteStore for MemStore {
         Ok(MemStore::put(self, to, data))
     }
 
+    async fn copy_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        number: u32,
+        from: &str,
+        etag: &str,
+        range: Range<u64>,
+    ) -> Result<String, StoreError> {
+        let data = {
+            let objects = self.objects.lock().unwrap();
+            let (data, cur) = objects.get(from).ok_or(StoreError::NotFound)?;
+            if !etag.is_empty() && etag != cur {
+                return Err(StoreError::PreconditionFailed);
+            }
+            if range.end > data.len() as u64 || range.start >= range.end {
+                return Err(StoreError::Other(format!(
+                    "UploadPartCopy {from}: range {range:?} of {} bytes",
+                    data.len()
+                )));
+            }
+            data.slice(range.start as usize..range.end as usize)
+        };
+        self.upload_part(key, upload_id, number, data).await
+    }
+
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.objects.lock().unwrap().remove(key);

@@ -20,6 +20,7 @@ use std::ops::Range;
 use std::time::SystemTime;
 
 use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
 
 pub use segments::Segments;
 
@@ -218,6 +219,75 @@ pub trait WriteStore: Send + Sync + 'static {
         to: &str,
     ) -> impl Future<Output = Result<String, StoreError>> + Send;
 
+    /// UploadPartCopy: part `number` of upload `upload_id` of `key` from
+    /// bytes `range` (end exclusive, at most [`MAX_PART_SIZE`]) of `from` at
+    /// `etag` (`x-amz-copy-source-if-match`: a changed source gives
+    /// [`StoreError::PreconditionFailed`]): the part's ETag.
+    fn copy_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        number: u32,
+        from: &str,
+        etag: &str,
+        range: Range<u64>,
+    ) -> impl Future<Output = Result<String, StoreError>> + Send;
+
     /// DeleteObject of `key`; deleting a missing key succeeds, as in S3.
     fn delete(&self, key: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// UploadPartCopy requests of one copy in flight at once.
+const COPY_PARTS_IN_FLIGHT: usize = 4;
+
+/// Copies `from` (at `etag`, `size` bytes) to `to` in the bucket: one
+/// CopyObject when `size` is at most `max_copy` bytes, else a multipart
+/// upload of UploadPartCopy parts of `max_copy` bytes (more when 10,000
+/// such parts would not hold it; the last part shorter), each pinned to
+/// `etag`. A failed part aborts the upload, so no parts are left behind.
+/// `max_copy` is clamped to [`MIN_PART_SIZE`]..=[`MAX_PART_SIZE`]. Returns
+/// the new object's ETag. Errors: the store's; [`StoreError::Other`] for an
+/// object past 10,000 parts of 5 GiB.
+pub async fn copy_object<S: WriteStore>(
+    store: &S,
+    from: &str,
+    etag: &str,
+    size: u64,
+    to: &str,
+    max_copy: u64,
+) -> Result<String, StoreError> {
+    let max_copy = max_copy.clamp(MIN_PART_SIZE, MAX_PART_SIZE);
+    if size <= max_copy {
+        return store.copy(from, etag, to).await;
+    }
+    let part = max_copy.max(size.div_ceil(u64::from(MAX_PARTS)));
+    if part > MAX_PART_SIZE {
+        return Err(StoreError::Other(format!(
+            "copying {from}: {size} bytes do not fit {MAX_PARTS} parts of {MAX_PART_SIZE}"
+        )));
+    }
+    let id = store.create_multipart(to).await?;
+    let parts = size.div_ceil(part) as u32;
+    let copies = futures::stream::iter(1..=parts).map(|number| {
+        let start = u64::from(number - 1) * part;
+        let range = start..(start + part).min(size);
+        let id = &id;
+        async move {
+            let etag = store.copy_part(to, id, number, from, etag, range).await?;
+            Ok::<_, StoreError>(UploadedPart { number, etag })
+        }
+    });
+    let done: Result<Vec<UploadedPart>, StoreError> =
+        copies.buffered(COPY_PARTS_IN_FLIGHT).try_collect().await;
+    let res = match done {
+        Ok(parts) => store.complete_multipart(to, &id, &parts).await,
+        Err(e) => Err(e),
+    };
+    if res.is_err() {
+        // The first error is the one to report; an abort that fails too
+        // leaves the upload pending in S3, as any client's crash would (a
+        // lifecycle rule for incomplete uploads removes those).
+        let _ = store.abort_multipart(to, &id).await;
+    }
+    res
 }

@@ -252,6 +252,40 @@ impl WriteStore for S3Store {
         )
     }
 
+    async fn copy_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        number: u32,
+        from: &str,
+        etag: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<String, StoreError> {
+        let source = format!("{}/{}", self.bucket, encode_copy_source(from));
+        let start = Instant::now();
+        let res = self
+            .client
+            .upload_part_copy()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .part_number(number as i32)
+            .copy_source(source)
+            // Inclusive byte range (UploadPartCopy in the Amazon S3 API reference).
+            .copy_source_range(format!("bytes={}-{}", range.start, range.end - 1))
+            .set_copy_source_if_match((!etag.is_empty()).then(|| etag.to_string()))
+            .customize()
+            .config_override(self.upload_timeouts((range.end - range.start) / 100))
+            .send()
+            .await;
+        let out = finish(m::OP_UPLOAD_PART_COPY, start, res, "200")?;
+        etag_of(
+            out.copy_part_result().and_then(|r| r.e_tag()),
+            "UploadPartCopy",
+            key,
+        )
+    }
+
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         let start = Instant::now();
         let res = self

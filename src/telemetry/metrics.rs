@@ -170,6 +170,8 @@ pub const OP_ABORT_MULTIPART: &str = "ABORT_MULTIPART";
 pub const OP_LIST_MULTIPART: &str = "LIST_MULTIPART";
 /// `op` label of CopyObject.
 pub const OP_COPY: &str = "COPY";
+/// `op` label of UploadPartCopy.
+pub const OP_UPLOAD_PART_COPY: &str = "UPLOAD_PART_COPY";
 /// `op` label of DeleteObject.
 pub const OP_DELETE: &str = "DELETE";
 

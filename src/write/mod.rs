@@ -68,6 +68,13 @@ pub struct WriteConfig {
     /// what is left is uploaded at the next start. Default 60: within
     /// systemd's default stop timeout (90 s).
     pub shutdown_wait_secs: f64,
+    /// Largest object a rename copies with one CopyObject, bytes; a larger
+    /// one is copied as a multipart upload of UploadPartCopy parts of this
+    /// size. Default 5 GiB, S3's CopyObject and part limit ("Amazon S3
+    /// multipart upload limits"); lower it for a server with a lower limit.
+    /// Accepted: 5 MiB to 5 GiB.
+    #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
+    pub max_copy_size: u64,
 }
 
 impl Default for WriteConfig {
@@ -81,6 +88,7 @@ impl Default for WriteConfig {
             retry_secs: 30.0,
             upload_nice: 10,
             shutdown_wait_secs: 60.0,
+            max_copy_size: crate::store::MAX_PART_SIZE,
         }
     }
 }
@@ -318,6 +326,7 @@ pub struct Writes<S> {
     up: Uploader<S>,
     delay: Duration,
     retry: Duration,
+    max_copy: u64,
     ov: Mutex<Overlay>,
     /// The runtime upload tasks run on (its threads at `write.upload_nice`).
     rt: tokio::runtime::Handle,
@@ -384,6 +393,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
             up: Uploader::new(store, config.part_size, config.upload_memory),
             delay: Duration::from_secs_f64(config.upload_delay_secs.max(0.0)),
             retry: Duration::from_secs_f64(config.retry_secs.max(0.001)),
+            max_copy: config.max_copy_size,
             ov: Mutex::new(Overlay::default()),
             upload_locks: KeyLocks::default(),
             stage_locks: KeyLocks::default(),
@@ -406,6 +416,11 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     /// between: it must not call back into this value.
     pub fn on_handed_over(&self, f: impl Fn(&Uploaded) + Send + Sync + 'static) {
         let _ = self.on_handed_over.set(Box::new(f));
+    }
+
+    /// `write.max_copy_size`: the largest object one CopyObject copies, bytes.
+    pub fn max_copy_size(&self) -> u64 {
+        self.max_copy
     }
 
     /// The staging area.

@@ -42,6 +42,7 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use crate::hooks::{HookAccess, Hooks};
+use crate::multipart::Uploads;
 use crate::s3impl::MemS3;
 use crate::storage::Storage;
 
@@ -64,6 +65,7 @@ struct Inner {
     scheme: &'static str,
     storage: Arc<Storage>,
     hooks: Arc<Hooks>,
+    uploads: Arc<Uploads>,
     shutdown: watch::Sender<bool>,
     ca_file: Option<PathBuf>,
 }
@@ -82,6 +84,7 @@ struct Launched {
     addr: SocketAddr,
     storage: Arc<Storage>,
     hooks: Arc<Hooks>,
+    uploads: Arc<Uploads>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -91,10 +94,11 @@ async fn launch(addr: SocketAddr, tls: Option<TlsAcceptor>) -> io::Result<Launch
     let addr = listener.local_addr()?;
     let storage = Arc::new(Storage::default());
     let hooks = Arc::new(Hooks::default());
+    let uploads = Arc::new(Uploads::default());
     let mut builder = S3ServiceBuilder::new(MemS3 {
         storage: storage.clone(),
         hooks: hooks.clone(),
-        uploads: Default::default(),
+        uploads: uploads.clone(),
     });
     builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
     builder.set_access(HookAccess {
@@ -107,6 +111,7 @@ async fn launch(addr: SocketAddr, tls: Option<TlsAcceptor>) -> io::Result<Launch
         addr,
         storage,
         hooks,
+        uploads,
         shutdown,
     })
 }
@@ -181,6 +186,7 @@ impl TestServer {
                 scheme,
                 storage: l.storage,
                 hooks: l.hooks,
+                uploads: l.uploads,
                 shutdown: l.shutdown,
                 ca_file,
             }),
@@ -323,6 +329,17 @@ impl TestServer {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Keys of the multipart uploads of `bucket` neither completed nor
+    /// aborted, sorted.
+    pub fn open_uploads(&self, bucket: &str) -> Vec<String> {
+        self.inner
+            .uploads
+            .list(bucket, "")
+            .into_iter()
+            .map(|u| u.key)
+            .collect()
     }
 
     /// Quoted ETag of an object, `None` if absent.

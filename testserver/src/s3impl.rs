@@ -322,6 +322,52 @@ impl S3 for MemS3 {
         }))
     }
 
+    /// UploadPartCopy from an object of this server: its whole body, or
+    /// `bytes=first-last` of it (inclusive, within the object), with
+    /// `x-amz-copy-source-if-match`.
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let i = req.input;
+        let CopySource::Bucket { bucket, key, .. } = &i.copy_source else {
+            return Err(S3Error::new(S3ErrorCode::NotImplemented));
+        };
+        let src = self.storage.get(bucket, key).map_err(storage_err)?;
+        if let Some(c) = &i.copy_source_if_match
+            && !etag_matches(c, &src)
+        {
+            return Err(S3Error::new(S3ErrorCode::PreconditionFailed));
+        }
+        let len = src.data.len() as u64;
+        let (first, end) = match &i.copy_source_range {
+            None => (0, len),
+            Some(r) => {
+                let parsed = r.strip_prefix("bytes=").and_then(|r| {
+                    let (a, b) = r.split_once('-')?;
+                    Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?))
+                });
+                match parsed {
+                    Some((a, b)) if a <= b && b < len => (a, b + 1),
+                    _ => return Err(S3Error::new(S3ErrorCode::InvalidRange)),
+                }
+            }
+        };
+        let data = src.data.slice(first as usize..end as usize);
+        let etag = self
+            .uploads
+            .put_part(&i.bucket, &i.key, &i.upload_id, i.part_number, data)
+            .map_err(upload_err)?;
+        Ok(S3Response::new(UploadPartCopyOutput {
+            copy_part_result: Some(CopyPartResult {
+                e_tag: Some(ETag::Strong(etag.trim_matches('"').to_owned())),
+                last_modified: Some(Timestamp::from(SystemTime::now())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }))
+    }
+
     async fn complete_multipart_upload(
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
