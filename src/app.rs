@@ -232,8 +232,48 @@ fn mount_and_serve(source: &Source, mountpoint: &Path, config: &Config) -> anyho
             warn!("unmount failed: {e}");
         }
     });
+    wait_answering(mountpoint, READY_WITHIN)?;
     daemon::report_ready();
     mounted.wait()
+}
+
+/// Longest wait for a new mount's first answer before start fails.
+const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Waits until the mount at `mountpoint` answers a `statfs` (which the
+/// kernel always sends to the daemon, after FUSE_INIT), so that readiness
+/// (the parent's wait, systemd's `READY=1`) means the mount serves
+/// requests. Errors: the `statfs` failed, or no answer within `within`
+/// (the probing thread is left to the unmount that follows).
+fn wait_answering(mountpoint: &Path, within: std::time::Duration) -> anyhow::Result<()> {
+    let path = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes())
+        .context("mount point contains a NUL byte")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("lakemount-ready".into())
+        .spawn(move || {
+            // SAFETY: `path` is NUL-terminated; `buf` is a valid statfs to fill.
+            let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
+            let rc = unsafe { libc::statfs(path.as_ptr(), &mut buf) };
+            let _ = tx.send(
+                (rc == 0)
+                    .then_some(())
+                    .ok_or_else(std::io::Error::last_os_error),
+            );
+        })
+        .context("starting the readiness probe")?;
+    match rx.recv_timeout(within) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(anyhow::anyhow!(
+            "the new mount at {} did not answer statfs: {e}",
+            mountpoint.display()
+        )),
+        Err(_) => Err(anyhow::anyhow!(
+            "the new mount at {} did not answer statfs within {} s",
+            mountpoint.display(),
+            within.as_secs()
+        )),
+    }
 }
 
 /// A mounted file system served by its own threads: FUSE session threads
