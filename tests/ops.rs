@@ -527,6 +527,87 @@ fn a_slowed_cache_device_raises_the_alarm_and_reads_go_to_s3() {
     drop(m);
 }
 
+/// With passthrough the kernel reads cached files without lakemount, so the
+/// alarm watches them by probe reads at open; once the probes are slow, opens
+/// are no longer passed through and the reads come back to lakemount (where
+/// they are measured, and sent to S3 while the device is slower than S3).
+#[test]
+fn a_slowed_device_under_passthrough_is_probed_and_passthrough_stops() {
+    let _serial = measuring();
+    const LEN: usize = 4 << 20;
+    let b = bucket("slowpt");
+    server().put(&b, "shard.bin", data(LEN, 12));
+    let fs = LoopFs::new(256);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let cache = fs.mnt.join("cache");
+    let m = MountSpec::new(&b)
+        .args(&[
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "--metrics-addr",
+            &addr,
+        ])
+        .config("[cache]\nmemory_size = 0\n")
+        .mount();
+    let file = m.p("shard.bin");
+    let opens = || metric(&addr, "lakemount_cache_passthrough_opens_total").unwrap_or(0.0);
+    // Read through lakemount until the object is whole and sealed, then
+    // passed through.
+    let passed = wait_for(Duration::from_secs(30), || {
+        assert_eq!(read_uncached(&file), data(LEN, 12));
+        opens() > 0.0
+    });
+    assert!(passed.is_some(), "never passed through:\n{}", m.log());
+    let probe_slow = "lakemount_cache_device_slow{kind=\"probe\"}";
+    // The reference: probes of the healthy device, pages dropped each time
+    // (a probe the page cache answers is no sample), at most one per 100 ms.
+    for _ in 0..60 {
+        std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+        assert_eq!(
+            &std::fs::read(&file).unwrap()[..4096],
+            &data(LEN, 12)[..4096]
+        );
+        std::thread::sleep(Duration::from_millis(110));
+    }
+    assert_eq!(
+        metric(&addr, probe_slow),
+        Some(0.0),
+        "healthy device called slow:\n{}",
+        m.log()
+    );
+    let ratio = "lakemount_cache_device_latency_ratio{kind=\"probe\"}";
+    assert!(
+        metric(&addr, ratio).is_some(),
+        "no probe was sampled:\n{}",
+        scrape(&addr)
+    );
+
+    let mut throttle = ReadThrottle::new(&fs.dev_numbers(), Limit::Bps(1 << 20));
+    throttle.add(m.child.as_ref().unwrap().id());
+    let slow = wait_for(Duration::from_secs(60), || {
+        std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+        let _ = std::fs::File::open(&file).unwrap();
+        std::thread::sleep(Duration::from_millis(110));
+        metric(&addr, probe_slow) == Some(1.0)
+    });
+    assert!(
+        slow.is_some(),
+        "no alarm from the probes:\n{}\n{}",
+        scrape(&addr),
+        m.log()
+    );
+    // Opens now go through lakemount, with the right bytes.
+    let before = opens();
+    assert_eq!(read_uncached(&file), data(LEN, 12));
+    assert_eq!(
+        opens(),
+        before,
+        "still passed through while the device is slow"
+    );
+    drop(throttle);
+    drop(m);
+}
+
 /// Held by the tests that measure (doctor) or read hard (the slowed device),
 /// so that one's reads are not the others' busy CPU.
 static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -621,6 +702,7 @@ fn alarm_series_exist_at_zero_from_the_start() {
         "lakemount_write_upload_failures_total",
         "lakemount_cache_device_slow{kind=\"block\"}",
         "lakemount_cache_device_slow{kind=\"packed\"}",
+        "lakemount_cache_device_slow{kind=\"probe\"}",
     ] {
         assert_eq!(
             metric(&addr, series),

@@ -176,6 +176,8 @@ pub struct DiskCache {
     peak_writers: std::sync::atomic::AtomicUsize,
     /// Read latency against its reference (the slow-device alarm).
     health: health::DeviceHealth,
+    /// Probe reads of passthrough files so far (picks the next one's block).
+    probes: AtomicU64,
     last_write_warn: Mutex<Option<Instant>>,
     /// The cache's file system frees a block's space by punching a hole
     /// (probed at open); without it objects are evicted whole.
@@ -276,6 +278,7 @@ impl DiskCache {
             #[cfg(test)]
             peak_writers: std::sync::atomic::AtomicUsize::new(0),
             health: health::DeviceHealth::default(),
+            probes: AtomicU64::new(0),
             last_write_warn: Mutex::new(None),
             _lock: lock,
         });
@@ -812,14 +815,39 @@ impl DiskCache {
         }
     }
 
+    /// One timed read of [`health::PROBE_LEN`] bytes of `file` (the data file
+    /// of `obj`, `size` bytes) at a block picked by a counter, sampled as a
+    /// [`health::ReadKind::Probe`] when it reached the device.
+    fn probe(&self, file: &File, obj: ObjectId, size: u64) {
+        let n = self.probes.fetch_add(1, Ordering::Relaxed);
+        let blocks = self.blocks_of(size).max(1);
+        // Successive probes of a file land on different blocks.
+        let idx = n.wrapping_mul(0x9E37_79B9) % blocks;
+        let off = idx * self.block_size;
+        let len = (size - off).min(health::PROBE_LEN as u64) as usize;
+        let mut buf = vec![0u8; len];
+        let started = Instant::now();
+        match health::read_exact_at_counting(file, &mut buf, off) {
+            Ok(true) => self
+                .health
+                .sample(health::ReadKind::Probe, started.elapsed(), &self.root),
+            Ok(false) => {}
+            Err(e) => self.warn_io("probing", &self.data_path(obj), &e),
+        }
+    }
+
     /// The data file of `obj` (`size` bytes) for FUSE passthrough, when every
     /// block is present and the seal matches the file (nothing changed it since
     /// its bytes were checked). The object stays pinned (not evicted) while the
     /// returned value lives. A seal that does not match is dropped: the object
     /// is then read through the CRC32C checks, and sealed again once all of its
-    /// blocks passed them.
+    /// blocks passed them. None either while the device's reads are slow
+    /// ([`DeviceHealth::passthrough_ok`]): lakemount then reads the file
+    /// itself, measured. A file handed out is probed now and then (one
+    /// timed read of [`health::PROBE_LEN`] bytes; [`DeviceHealth::probe_due`])
+    /// so that a device the kernel alone reads is still watched.
     pub fn backing(self: &Arc<Self>, obj: ObjectId, size: u64) -> Option<Backing> {
-        if size == 0 || size < self.seal_min_size {
+        if size == 0 || size < self.seal_min_size || !self.health.passthrough_ok() {
             return None;
         }
         self.load(obj, size);
@@ -873,6 +901,9 @@ impl DiskCache {
                 .collect()
         });
         drop(ix);
+        if self.health.probe_due() {
+            self.probe(&file, obj, size);
+        }
         if !recs.is_empty()
             && let Ok(map) = OpenOptions::new().write(true).open(self.map_path(obj))
         {

@@ -204,7 +204,7 @@ pub fn register_alarm_series(cache: bool, writable: bool) {
     if cache {
         metrics::counter!(CACHE_BAD_PIECES).increment(0);
         metrics::counter!(CACHE_EVICTIONS).increment(0);
-        for kind in ["block", "packed"] {
+        for kind in ["block", "packed", "probe"] {
             metrics::gauge!(CACHE_DEVICE_SLOW, "kind" => kind).set(0.0);
             metrics::counter!(CACHE_DEVICE_BYPASSED, "kind" => kind).increment(0);
         }

@@ -41,13 +41,22 @@ pub enum ReadKind {
     Block,
     /// A small object's record in a pack file.
     Packed,
+    /// A read of [`PROBE_LEN`] bytes of a file handed to FUSE passthrough,
+    /// whose own reads the kernel does without lakemount.
+    Probe,
 }
+
+/// Bytes of one probe read of a passthrough file.
+pub const PROBE_LEN: usize = 64 << 10;
+/// At most one probe read per this, per cache directory.
+const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 
 impl ReadKind {
     fn label(self) -> &'static str {
         match self {
             ReadKind::Block => "block",
             ReadKind::Packed => "packed",
+            ReadKind::Probe => "probe",
         }
     }
 }
@@ -121,6 +130,10 @@ impl Tracker {
 pub struct DeviceHealth {
     block: Mutex<Tracker>,
     packed: Mutex<Tracker>,
+    probe: Mutex<Tracker>,
+    /// Milliseconds after `epoch` of the last probe read; 0: none yet.
+    last_probe_ms: AtomicU64,
+    epoch: std::sync::OnceLock<Instant>,
     /// Recent seconds S3 took per block fetched by the cache, as f64 bits; 0: unknown.
     s3_per_block: AtomicU64,
     /// Reads counted for the 1-in-[`PROBE_EVERY`] probe while bypassing.
@@ -132,7 +145,36 @@ impl DeviceHealth {
         match kind {
             ReadKind::Block => &self.block,
             ReadKind::Packed => &self.packed,
+            ReadKind::Probe => &self.probe,
         }
+    }
+
+    /// Whether reads of `kind` are slow now (above twice their reference).
+    pub fn slow(&self, kind: ReadKind) -> bool {
+        self.tracker(kind).lock().unwrap().slow
+    }
+
+    /// Whether files may be handed to FUSE passthrough: not while whole-block
+    /// or probe reads are slow. The kernel's passthrough reads bypass
+    /// lakemount, so neither the alarm nor the bypass to S3 would see them;
+    /// through lakemount they are measured, and go to S3 while the device is
+    /// also slower than S3.
+    pub fn passthrough_ok(&self) -> bool {
+        !self.slow(ReadKind::Block) && !self.slow(ReadKind::Probe)
+    }
+
+    /// Whether a probe read is due (at most one per [`PROBE_INTERVAL`]);
+    /// `true` claims it.
+    pub fn probe_due(&self) -> bool {
+        let epoch = *self.epoch.get_or_init(Instant::now);
+        let now = epoch.elapsed().as_millis() as u64 + 1;
+        let last = self.last_probe_ms.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < PROBE_INTERVAL.as_millis() as u64 {
+            return false;
+        }
+        self.last_probe_ms
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// Records one device read of `kind` that took `took` (open, read, CRC
