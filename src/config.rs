@@ -474,7 +474,9 @@ mod tests {
         let text = "[read]\npart_size = \"8MiB\"\ninitial_window = \"64KiB\"\n\
                     max_window = 67108864\nmemory_budget = \"1GiB\"\n\
                     direct_io_min_size = \"64M\"\nkernel_read_ahead = \"1MiB\"\n\
-                    [cache]\nblock_size = \"1MiB\"\nmemory_size = \"256MiB\"\n";
+                    [cache]\nblock_size = \"1MiB\"\nmemory_size = \"256MiB\"\n\
+                    [write]\npart_size = \"16MiB\"\nupload_memory = \"512MiB\"\n\
+                    max_copy_size = \"1GiB\"\n";
         let c = Config::from_toml(text, "x.toml").unwrap();
         assert_eq!(c.read.part_size, 8 << 20);
         assert_eq!(c.read.initial_window, 64 << 10);
@@ -484,6 +486,9 @@ mod tests {
         assert_eq!(c.read.kernel_read_ahead, 1 << 20);
         assert_eq!(c.cache.block_size, 1 << 20);
         assert_eq!(c.cache.memory_size, 256 << 20);
+        assert_eq!(c.write.part_size, 16 << 20);
+        assert_eq!(c.write.upload_memory, 512 << 20);
+        assert_eq!(c.write.max_copy_size, 1 << 30);
         for bad in ["\"8 apples\"", "\"50%\"", "-1", "\"1.5GiB\""] {
             let e = Config::from_toml(&format!("[read]\npart_size = {bad}\n"), "x.toml")
                 .unwrap_err()
@@ -492,6 +497,10 @@ mod tests {
         }
         let e = Config::from_toml("[read]\npart_size = \"50%\"\n", "x.toml").unwrap_err();
         assert!(e.to_string().contains("\"8MiB\""), "{e}");
+        // Below S3's smallest part: refused, naming the key.
+        let c = Config::from_toml("[write]\nmax_copy_size = \"1MiB\"\n", "x.toml").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("write.max_copy_size"), "{e}");
     }
 
     /// Every duration key refuses NaN, infinities, negatives and values so

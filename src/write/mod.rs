@@ -52,9 +52,11 @@ pub struct WriteConfig {
     /// First part size of a multipart upload, bytes; files up to this size
     /// go in one PutObject. Parts double every 1,000 parts so 10,000 parts
     /// hold any object S3 takes. Default 8 MiB (S3's minimum is 5 MiB).
+    #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub part_size: u64,
     /// Most bytes of part buffers in flight on the mount. Default 256 MiB:
     /// 32 parts of 8 MiB, enough to fill a 10 Gbit/s link at 20 ms per part.
+    #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub upload_memory: u64,
     /// Seconds before a failed upload is tried again; doubled after each
     /// failure, at most 15 minutes. Default 30.
