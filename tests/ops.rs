@@ -487,6 +487,21 @@ fn a_slowed_cache_device_raises_the_alarm_and_reads_go_to_s3() {
         "healthy device called slow:\n{}",
         m.log()
     );
+    // Device read latency in `stats` counts device reads only: read again
+    // with the cache file's pages still in the page cache, the disk tier
+    // serves every byte and the latency count stays.
+    let reads = |v: &serde_json::Value| v["cache"]["device_read_secs"]["count"].as_f64().unwrap();
+    let disk = |v: &serde_json::Value| v["read"]["served_bytes"]["disk"].as_u64().unwrap();
+    let before = stats_json(&m.path());
+    assert!(reads(&before) > 0.0, "{before:#}");
+    assert_eq!(read_uncached(&file), data(LEN, 11));
+    let after = stats_json(&m.path());
+    assert_eq!(disk(&after), disk(&before) + LEN as u64, "{after:#}");
+    assert_eq!(
+        reads(&after),
+        reads(&before),
+        "page-cache reads counted as device reads"
+    );
     let s3_before = metric(&addr, "lakemount_s3_get_bytes_total").unwrap();
 
     // 4 MiB/s: a device read (a read-ahead window of the data file, ~1-3

@@ -526,7 +526,8 @@ impl DiskCache {
             self.discard(pk, crc, "failed its CRC32C check");
             return None;
         }
-        if device.is_ok_and(|d| d) {
+        let device = matches!(device, Ok(true));
+        if device {
             self.health
                 .sample(health::ReadKind::Block, started.elapsed(), &self.root);
         }
@@ -558,7 +559,9 @@ impl DiskCache {
         if seal {
             self.seal(pk.obj);
         }
-        super::served(super::SRC_DISK, len, Some(started));
+        // Latency only of reads the device served, not the page cache.
+        let device = device.then_some(started);
+        super::served(super::SRC_DISK, len, device);
         Some(Bytes::from(buf))
     }
 

@@ -470,7 +470,9 @@ impl Cache {
     }
 }
 
-/// Records a cache read latency sample (seconds) and source bytes.
+/// Records `bytes` served from `source` and, for a read the cache device
+/// served (`started`: when it began; `None` for memory, S3, and disk-tier
+/// reads the page cache answered), its latency.
 pub(crate) fn served(source: &'static str, bytes: u64, started: Option<Instant>) {
     metrics::counter!(m::CACHE_SERVED_BYTES, "source" => source).increment(bytes);
     if let Some(t) = started {

@@ -119,7 +119,8 @@ pub const CACHE_MISSES: &str = "lakemount_cache_misses_total";
 /// Counter: bytes of blocks served while the cache is on, label `source`
 /// (memory, disk, s3).
 pub const CACHE_SERVED_BYTES: &str = "lakemount_cache_served_bytes_total";
-/// Histogram: time to read and verify one block from the disk cache, seconds.
+/// Histogram: time to read and verify one block (or packed object) the cache
+/// device served, seconds; reads the page cache answered are not in it.
 pub const CACHE_READ_SECONDS: &str = "lakemount_cache_read_seconds";
 /// Counter: cached blocks removed to make room (least recently used first).
 pub const CACHE_EVICTIONS: &str = "lakemount_cache_evictions_total";

@@ -217,7 +217,8 @@ impl DiskCache {
             self.discard_packed(obj, loc, "failed its CRC32C check");
             return None;
         }
-        if device.is_ok_and(|d| d) {
+        let device = matches!(device, Ok(true));
+        if device {
             self.health.sample(
                 super::health::ReadKind::Packed,
                 started.elapsed(),
@@ -244,7 +245,9 @@ impl DiskCache {
             };
             let _ = f.write_all_at(&h.encode(), loc.off);
         }
-        super::super::served(super::super::SRC_DISK, len, Some(started));
+        // Latency only of reads the device served, not the page cache.
+        let device = device.then_some(started);
+        super::super::served(super::super::SRC_DISK, len, device);
         Some(Bytes::from(buf))
     }
 
