@@ -443,11 +443,9 @@ fn metric(addr: &str, series: &str) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
-/// A mount of `b` whose disk cache is on a fresh loop-device file system
-/// (no memory tier, no passthrough: every cached read is a device read),
-/// after `path` (`len` bytes of `data(len, seed)`) was read once and reached
-/// the disk cache. Returns the file system, the mount and its metrics address.
-fn mount_on_loop_cache(b: &str, path: &str, len: usize, seed: u64) -> (LoopFs, Mount, String) {
+/// A mount of `b` with `config` whose disk cache is on a fresh loop-device
+/// file system; also its metrics address.
+fn mount_loop_cache(b: &str, config: &str) -> (LoopFs, Mount, String) {
     let fs = LoopFs::new(256);
     let addr = format!("127.0.0.1:{}", free_port());
     let cache = fs.mnt.join("cache");
@@ -458,8 +456,17 @@ fn mount_on_loop_cache(b: &str, path: &str, len: usize, seed: u64) -> (LoopFs, M
             "--metrics-addr",
             &addr,
         ])
-        .config("[cache]\nmemory_size = 0\npassthrough = false\n")
+        .config(config)
         .mount();
+    (fs, m, addr)
+}
+
+/// A mount of `b` whose disk cache is on a fresh loop-device file system
+/// (no memory tier, no passthrough: every cached read is a device read),
+/// after `path` (`len` bytes of `data(len, seed)`) was read once and reached
+/// the disk cache. Returns the file system, the mount and its metrics address.
+fn mount_on_loop_cache(b: &str, path: &str, len: usize, seed: u64) -> (LoopFs, Mount, String) {
+    let (fs, m, addr) = mount_loop_cache(b, "[cache]\nmemory_size = 0\npassthrough = false\n");
     assert_eq!(read_uncached(&m.p(path)), data(len, seed));
     let cached = wait_for(Duration::from_secs(20), || {
         metric(&addr, "lakemount_cache_disk_bytes").unwrap_or(0.0) >= len as f64
@@ -552,18 +559,7 @@ fn a_slowed_device_under_passthrough_is_probed_and_passthrough_stops() {
     const LEN: usize = 4 << 20;
     let b = bucket("slowpt");
     server().put(&b, "shard.bin", data(LEN, 12));
-    let fs = LoopFs::new(256);
-    let addr = format!("127.0.0.1:{}", free_port());
-    let cache = fs.mnt.join("cache");
-    let m = MountSpec::new(&b)
-        .args(&[
-            "--cache-dir",
-            cache.to_str().unwrap(),
-            "--metrics-addr",
-            &addr,
-        ])
-        .config("[cache]\nmemory_size = 0\n")
-        .mount();
+    let (fs, m, addr) = mount_loop_cache(&b, "[cache]\nmemory_size = 0\n");
     let file = m.p("shard.bin");
     let opens = || metric(&addr, "lakemount_cache_passthrough_opens_total").unwrap_or(0.0);
     // Read through lakemount until the object is whole and sealed, then

@@ -126,6 +126,27 @@ fn check_conditions(
 
 /// Resolves an optional Range against the object size: `(start, end_exclusive,
 /// Content-Range)`. Any range on an empty object is unsatisfiable, as in AWS.
+impl MemS3 {
+    /// The object an `x-amz-copy-source` names, if it matches
+    /// `x-amz-copy-source-if-match` (else PreconditionFailed).
+    fn copy_source(
+        &self,
+        source: &CopySource,
+        if_match: Option<&ETagCondition>,
+    ) -> S3Result<Object> {
+        let CopySource::Bucket { bucket, key, .. } = source else {
+            return Err(S3Error::new(S3ErrorCode::NotImplemented));
+        };
+        let src = self.storage.get(bucket, key).map_err(storage_err)?;
+        if let Some(c) = if_match
+            && !etag_matches(c, &src)
+        {
+            return Err(S3Error::new(S3ErrorCode::PreconditionFailed));
+        }
+        Ok(src)
+    }
+}
+
 fn resolve_range(range: Option<&Range>, size: u64) -> S3Result<Option<(u64, u64, String)>> {
     let Some(r) = range else { return Ok(None) };
     match r.check(size) {
@@ -330,15 +351,7 @@ impl S3 for MemS3 {
         req: S3Request<UploadPartCopyInput>,
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
         let i = req.input;
-        let CopySource::Bucket { bucket, key, .. } = &i.copy_source else {
-            return Err(S3Error::new(S3ErrorCode::NotImplemented));
-        };
-        let src = self.storage.get(bucket, key).map_err(storage_err)?;
-        if let Some(c) = &i.copy_source_if_match
-            && !etag_matches(c, &src)
-        {
-            return Err(S3Error::new(S3ErrorCode::PreconditionFailed));
-        }
+        let src = self.copy_source(&i.copy_source, i.copy_source_if_match.as_ref())?;
         let len = src.data.len() as u64;
         let (first, end) = match &i.copy_source_range {
             None => (0, len),
@@ -449,15 +462,7 @@ impl S3 for MemS3 {
         req: S3Request<CopyObjectInput>,
     ) -> S3Result<S3Response<CopyObjectOutput>> {
         let i = req.input;
-        let CopySource::Bucket { bucket, key, .. } = &i.copy_source else {
-            return Err(S3Error::new(S3ErrorCode::NotImplemented));
-        };
-        let src = self.storage.get(bucket, key).map_err(storage_err)?;
-        if let Some(c) = &i.copy_source_if_match
-            && !etag_matches(c, &src)
-        {
-            return Err(S3Error::new(S3ErrorCode::PreconditionFailed));
-        }
+        let src = self.copy_source(&i.copy_source, i.copy_source_if_match.as_ref())?;
         // As S3: the copy is a new single-part object, so its ETag is the
         // MD5 of its bytes even when the source was a multipart upload.
         let now = SystemTime::now();
