@@ -615,7 +615,21 @@ fn a_slowed_device_under_passthrough_is_probed_and_passthrough_stops() {
         before,
         "still passed through while the device is slow"
     );
+    // Probes go on without passthrough: once the device is fast again,
+    // the alarm clears and files are passed through again.
     drop(throttle);
+    let recovered = wait_for(Duration::from_secs(60), || {
+        std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+        let _ = std::fs::File::open(&file).unwrap();
+        std::thread::sleep(Duration::from_millis(110));
+        metric(&addr, probe_slow) == Some(0.0) && opens() > before
+    });
+    assert!(
+        recovered.is_some(),
+        "no recovery:\n{}\n{}",
+        scrape(&addr),
+        m.log()
+    );
     drop(m);
 }
 

@@ -846,11 +846,12 @@ impl DiskCache {
     /// is then read through the CRC32C checks, and sealed again once all of its
     /// blocks passed them. None either while the device's reads are slow
     /// ([`DeviceHealth::passthrough_ok`]): lakemount then reads the file
-    /// itself, measured. A file handed out is probed now and then (one
-    /// timed read of [`health::PROBE_LEN`] bytes; [`DeviceHealth::probe_due`])
-    /// so that a device the kernel alone reads is still watched.
+    /// itself, measured. A whole file is probed now and then, handed out or
+    /// not (one timed read of [`health::PROBE_LEN`] bytes;
+    /// [`DeviceHealth::probe_due`]), so that a device the kernel alone reads
+    /// is still watched and one that recovers gets passthrough back.
     pub fn backing(self: &Arc<Self>, obj: ObjectId, size: u64) -> Option<Backing> {
-        if size == 0 || size < self.seal_min_size || !self.health.passthrough_ok() {
+        if size == 0 || size < self.seal_min_size {
             return None;
         }
         self.load(obj, size);
@@ -865,6 +866,14 @@ impl DiskCache {
         };
         let path = self.data_path(obj);
         let file = File::open(&path).ok()?;
+        if !self.health.passthrough_ok() {
+            // Probes go on while the file is read through lakemount, so
+            // that a device whose probes were slow is seen to recover.
+            if self.health.probe_due() {
+                self.probe(&file, obj, size);
+            }
+            return None;
+        }
         let md = file.metadata().ok()?;
         let mut ix = self.index.lock().unwrap();
         if Seal::of(&md) != seal || md.len() != size {
