@@ -93,6 +93,11 @@ impl MemoryBudget {
         self.inner.total
     }
 
+    /// Whether demand beyond the budget is held now (overdraft above 0).
+    pub fn overdrawn(&self) -> bool {
+        self.inner.overdraft.load(Ordering::Relaxed) > 0
+    }
+
     /// Bytes reserved now (read-ahead within the budget plus demand overdraft).
     pub fn in_use(&self) -> u64 {
         let free = self.inner.sem.available_permits() as u64 * UNIT;

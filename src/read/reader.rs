@@ -411,14 +411,17 @@ impl<S: ObjectStore> Reader<S> {
         // no bytes nobody will ask for.
         st.drop_taken();
         st.last_end = end;
-        // The stream this read left (if it left one) lets go of what it
-        // handed out behind its last read, as it would have on its own next
-        // read: a demand part beyond the budget is always read whole, so no
-        // stream keeps overdraft a reader is not waiting on, and a handle
-        // holds at most one read's overdraft however many streams it has.
-        for s in streams.0.iter_mut().skip(1) {
-            let keep_behind = s.window.max(initial).min(self.part_size());
-            s.trim_behind(s.last_end, keep_behind);
+        // While demand is held beyond the budget, the other streams let go
+        // of what they handed out behind their last reads: a demand part is
+        // read whole, so none keeps overdraft nobody waits on, and a handle
+        // holds one read's overdraft (per read in flight) however many
+        // streams it has. Within the budget they keep their parts for a
+        // late, reordered read (forked workers interleave on one handle).
+        if self.budget.overdrawn() {
+            for s in streams.0.iter_mut().skip(1) {
+                let keep_behind = s.window.max(initial).min(self.part_size());
+                s.trim_behind(s.last_end, keep_behind);
+            }
         }
         metrics::gauge!(m::PREFETCH_MEMORY_BYTES).set(self.budget.in_use() as f64);
         wanted
