@@ -829,6 +829,18 @@ impl DiskCache {
         let off = idx * self.block_size;
         let len = (size - off).min(health::PROBE_LEN as u64) as usize;
         let mut buf = vec![0u8; len];
+        // Its pages leave the page cache first (clean ones: these are never
+        // written), so the read reaches the device even when lakemount's or
+        // an earlier probe's reads cached them.
+        // SAFETY: fadvise on a descriptor we own; it reads no memory of ours.
+        unsafe {
+            libc::posix_fadvise(
+                std::os::fd::AsRawFd::as_raw_fd(file),
+                off as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            )
+        };
         let started = Instant::now();
         match health::read_exact_at_counting(file, &mut buf, off) {
             Ok(true) => self

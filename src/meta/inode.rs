@@ -251,7 +251,9 @@ impl InodeTable {
         }
         let mut t = self.table.lock().unwrap();
         for i in t.inodes.values_mut() {
+            // Superseded inodes (the target's old file) keep their ETag.
             if i.attr.kind == EntryKind::File
+                && !i.superseded
                 && let Some(etag) = etags.get(&i.attr.key)
             {
                 i.attr.etag = etag.clone();

@@ -205,9 +205,12 @@ pub fn register_alarm_series(cache: bool, writable: bool) {
     if cache {
         metrics::counter!(CACHE_BAD_PIECES).increment(0);
         metrics::counter!(CACHE_EVICTIONS).increment(0);
+        for kind in ["block", "packed"] {
+            metrics::counter!(CACHE_DEVICE_BYPASSED, "kind" => kind).increment(0);
+        }
+        // Probes are never bypassed: passthrough stops instead.
         for kind in ["block", "packed", "probe"] {
             metrics::gauge!(CACHE_DEVICE_SLOW, "kind" => kind).set(0.0);
-            metrics::counter!(CACHE_DEVICE_BYPASSED, "kind" => kind).increment(0);
         }
     }
     if writable {

@@ -124,8 +124,6 @@ fn check_conditions(
     Ok(())
 }
 
-/// Resolves an optional Range against the object size: `(start, end_exclusive,
-/// Content-Range)`. Any range on an empty object is unsatisfiable, as in AWS.
 impl MemS3 {
     /// The object an `x-amz-copy-source` names, if it matches
     /// `x-amz-copy-source-if-match` (else PreconditionFailed).
@@ -147,6 +145,8 @@ impl MemS3 {
     }
 }
 
+/// Resolves an optional Range against the object size: `(start, end_exclusive,
+/// Content-Range)`. Any range on an empty object is unsatisfiable, as in AWS.
 fn resolve_range(range: Option<&Range>, size: u64) -> S3Result<Option<(u64, u64, String)>> {
     let Some(r) = range else { return Ok(None) };
     match r.check(size) {
