@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use fuser::{MountOption, SessionACL};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::cli::{MountArgs, Source};
 use crate::config::Config;
@@ -232,7 +232,19 @@ fn mount_and_serve(source: &Source, mountpoint: &Path, config: &Config) -> anyho
             warn!("unmount failed: {e}");
         }
     });
-    wait_answering(mountpoint, READY_WITHIN)?;
+    if let Err(e) = wait_answering(mountpoint, READY_WITHIN) {
+        // The session is wedged: a plain unmount would wait on it (EBUSY
+        // while the probe's statfs is held), so the mount is detached and
+        // the process ends here, its parent and systemd told why.
+        let msg = format!("{e:#}");
+        error!("{msg}");
+        daemon::report_failure(&msg);
+        if let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes()) {
+            // SAFETY: umount2 of a NUL-terminated path; MNT_DETACH only.
+            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+        }
+        std::process::exit(1);
+    }
     daemon::report_ready();
     mounted.wait()
 }
@@ -244,7 +256,7 @@ const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
 /// kernel always sends to the daemon, after FUSE_INIT), so that readiness
 /// (the parent's wait, systemd's `READY=1`) means the mount serves
 /// requests. Errors: the `statfs` failed, or no answer within `within`
-/// (the probing thread is left to the unmount that follows).
+/// (the probing thread stays blocked in the wedged session).
 fn wait_answering(mountpoint: &Path, within: std::time::Duration) -> anyhow::Result<()> {
     let path = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes())
         .context("mount point contains a NUL byte")?;
