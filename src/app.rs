@@ -227,6 +227,7 @@ fn mount_and_serve(source: &Source, mountpoint: &Path, config: &Config) -> anyho
     mounted.runtime().spawn(async move {
         wait_for_signal().await;
         info!("signal received, unmounting");
+        UNMOUNT_ASKED.store(true, std::sync::atomic::Ordering::SeqCst);
         daemon::report_stopping();
         if let Err(e) = unmounter.unmount() {
             warn!("unmount failed: {e}");
@@ -248,6 +249,10 @@ fn mount_and_serve(source: &Source, mountpoint: &Path, config: &Config) -> anyho
     daemon::report_ready();
     mounted.wait()
 }
+
+/// Set once this process asked for its own unmount (a signal, or
+/// [`Mounted::unmount`]): the session's end is then expected.
+static UNMOUNT_ASKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Longest wait for a new mount's first answer before start fails.
 const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
@@ -481,6 +486,7 @@ impl Mounted {
 
     /// Unmounts and waits for the session to end.
     pub fn unmount(mut self) -> anyhow::Result<()> {
+        UNMOUNT_ASKED.store(true, std::sync::atomic::Ordering::SeqCst);
         if let Some(mut u) = self.unmounter.take() {
             u.unmount()
                 .with_context(|| format!("unmounting {}", self.mountpoint.display()))?;
@@ -532,7 +538,18 @@ impl Mounted {
         if let Some(rt) = self.rt.take() {
             rt.shutdown_timeout(std::time::Duration::from_secs(2));
         }
-        served.context("FUSE session")?;
+        match served {
+            // Requests still in flight when the unmount was asked for can
+            // leave the kernel's side aborted rather than closed: the
+            // session read then fails with ECONNABORTED instead of ENODEV.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionAborted
+                    && UNMOUNT_ASKED.load(std::sync::atomic::Ordering::SeqCst) =>
+            {
+                warn!("the FUSE connection ended aborted after the unmount was asked for: {e}");
+            }
+            other => other.context("FUSE session")?,
+        }
         info!(mountpoint = %self.mountpoint.display(), "unmounted");
         Ok(())
     }
