@@ -74,8 +74,32 @@ fn helper(argv: &[std::ffi::OsString]) -> Result<Option<Vec<std::ffi::OsString>>
         return Ok(None);
     }
     let _ = std::fs::create_dir_all(lakemount::fstab::DEFAULT_LOG_DIR);
+    set_home_if_unset();
     lakemount::daemon::set_command_line(h.args.clone());
     Ok(Some(h.args))
+}
+
+/// mount(8) runs helpers with a bare environment (no `HOME`), so the AWS
+/// profile files (`~/.aws/credentials`, `~/.aws/config`) would not be found:
+/// `HOME` is set from the user's passwd entry (getpwuid(3)) when unset.
+fn set_home_if_unset() {
+    if std::env::var_os("HOME").is_some() {
+        return;
+    }
+    // SAFETY: getpwuid returns a pointer to static storage or null; the
+    // directory is copied out before any other passwd call.
+    let dir = unsafe {
+        let pw = libc::getpwuid(libc::geteuid());
+        if pw.is_null() || (*pw).pw_dir.is_null() {
+            return;
+        }
+        std::ffi::CStr::from_ptr((*pw).pw_dir).to_owned()
+    };
+    let dir: std::ffi::OsString = std::os::unix::ffi::OsStringExt::from_vec(dir.into_bytes());
+    // SAFETY: the helper has started no thread yet (this runs before the
+    // runtime and before any daemon child), so nothing reads the
+    // environment concurrently.
+    unsafe { std::env::set_var("HOME", dir) };
 }
 
 /// For a bad value that came from an environment variable rather than the
