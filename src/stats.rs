@@ -3,6 +3,7 @@
 //! document as it came; otherwise a few lines for a terminal, and with
 //! `--watch` the rates between two refreshes as well.
 
+use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -35,18 +36,29 @@ pub fn run_stats(args: &StatsArgs) -> anyhow::Result<()> {
             )
         })?;
         let v: Value = serde_json::from_str(&text).context("the daemon's /stats is not JSON")?;
-        if args.json {
-            println!("{v}");
+        let out = if args.json {
+            format!("{v}\n")
         } else {
-            if args.watch.is_some() {
-                // Clear the terminal and go home, as watch(1) does.
-                print!("\x1b[2J\x1b[H");
-            }
-            print!(
-                "{}",
-                render(&v, last.as_ref().map(|(t, p)| (t.elapsed(), p)))
-            );
+            // With --watch: clear the terminal and go home first, as watch(1) does.
+            let clear = if args.watch.is_some() {
+                "\x1b[2J\x1b[H"
+            } else {
+                ""
+            };
+            let view = render(&v, last.as_ref().map(|(t, p)| (t.elapsed(), p)));
+            format!("{clear}{view}")
+        };
+        let mut stdout = std::io::stdout().lock();
+        match stdout
+            .write_all(out.as_bytes())
+            .and_then(|()| stdout.flush())
+        {
+            Ok(()) => {}
+            // The reader went away (`stats --watch | head`): done.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            Err(e) => return Err(e).context("writing to standard output"),
         }
+        drop(stdout);
         let Some(every) = args.watch else {
             return Ok(());
         };
