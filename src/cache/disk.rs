@@ -858,7 +858,8 @@ impl DiskCache {
     /// is then read through the CRC32C checks, and sealed again once all of its
     /// blocks passed them. None either while the device's reads are slow
     /// ([`DeviceHealth::passthrough_ok`]): lakemount then reads the file
-    /// itself, measured. A whole file is probed now and then, handed out or
+    /// itself, each read timed for the alarm. A whole file is probed now and
+    /// then, handed out or
     /// not (one timed read of [`health::PROBE_LEN`] bytes;
     /// [`DeviceHealth::probe_due`]), so that a device the kernel alone reads
     /// is still watched and one that recovers gets passthrough back.

@@ -157,8 +157,8 @@ impl DeviceHealth {
     /// Whether files may be handed to FUSE passthrough: not while whole-block
     /// or probe reads are slow. The kernel's passthrough reads bypass
     /// lakemount, so neither the alarm nor the bypass to S3 would see them;
-    /// through lakemount they are measured, and go to S3 while the device is
-    /// also slower than S3.
+    /// through lakemount each read is timed for the alarm, and goes to S3
+    /// while the device is also slower than S3.
     pub fn passthrough_ok(&self) -> bool {
         !self.slow(ReadKind::Block) && !self.slow(ReadKind::Probe)
     }
