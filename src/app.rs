@@ -263,20 +263,12 @@ const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
 /// requests. Errors: the `statfs` failed, or no answer within `within`
 /// (the probing thread stays blocked in the wedged session).
 fn wait_answering(mountpoint: &Path, within: std::time::Duration) -> anyhow::Result<()> {
-    let path = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes())
-        .context("mount point contains a NUL byte")?;
     let (tx, rx) = std::sync::mpsc::channel();
+    let path = mountpoint.to_path_buf();
     std::thread::Builder::new()
         .name("lakemount-ready".into())
         .spawn(move || {
-            // SAFETY: `path` is NUL-terminated; `buf` is a valid statfs to fill.
-            let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
-            let rc = unsafe { libc::statfs(path.as_ptr(), &mut buf) };
-            let _ = tx.send(
-                (rc == 0)
-                    .then_some(())
-                    .ok_or_else(std::io::Error::last_os_error),
-            );
+            let _ = tx.send(statfs(&path));
         })
         .context("starting the readiness probe")?;
     match rx.recv_timeout(within) {
