@@ -229,8 +229,19 @@ fn mount_and_serve(source: &Source, mountpoint: &Path, config: &Config) -> anyho
         info!("signal received, unmounting");
         UNMOUNT_ASKED.store(true, std::sync::atomic::Ordering::SeqCst);
         daemon::report_stopping();
-        if let Err(e) = unmounter.unmount() {
-            warn!("unmount failed: {e}");
+        // EBUSY can be transient: a path lookup or statfs in flight on the
+        // mount (the health probe's, another process's) holds it for a moment.
+        for attempt in 1..=UNMOUNT_TRIES {
+            match unmounter.unmount() {
+                Ok(()) => break,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempt < UNMOUNT_TRIES => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    warn!("unmount failed: {e}");
+                    break;
+                }
+            }
         }
     });
     if let Err(e) = wait_answering(mountpoint, READY_WITHIN) {
@@ -249,6 +260,9 @@ fn mount_and_serve(source: &Source, mountpoint: &Path, config: &Config) -> anyho
     daemon::report_ready();
     mounted.wait()
 }
+
+/// Unmount attempts at a signal while the mount is busy, 100 ms apart.
+const UNMOUNT_TRIES: u32 = 50;
 
 /// Set once this process asked for its own unmount (a signal, or
 /// [`Mounted::unmount`]): the session's end is then expected.
