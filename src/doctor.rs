@@ -36,8 +36,12 @@ const SLOW_WALK_PER_SEC: f64 = 1000.0;
 const MIN_WALK: u64 = 500;
 /// Node CPU idle below this share during the sequential read: CPU-bound ...
 const BUSY_IDLE: f64 = 0.10;
-/// ... when the read lasted at least this many seconds.
-const MIN_CPU_SECS: f64 = 0.5;
+/// ... when the read lasted at least this many seconds (also the shortest
+/// read that can say S3's bandwidth is the limit).
+const MIN_SEQ_SECS: f64 = 0.5;
+/// Readers waiting for S3 bytes at least this share of the sequential
+/// read's time (their waits summed) make it S3-bandwidth-bound.
+const WAIT_SHARE: f64 = 0.5;
 
 /// The likely bottleneck, as `--json` names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,7 +196,7 @@ impl Measured {
             ));
         }
         // Jiffies (10 ms) make a shorter read's idle share noise.
-        if self.seq_secs >= MIN_CPU_SECS && self.seq_idle.is_some_and(|i| i < BUSY_IDLE) {
+        if self.seq_secs >= MIN_SEQ_SECS && self.seq_idle.is_some_and(|i| i < BUSY_IDLE) {
             out.push((
                 Bottleneck::Cpu,
                 format!(
@@ -216,15 +220,24 @@ impl Measured {
                 ),
             ));
         }
-        let wait = f(&a["read"]["read_wait_secs"]["p95"]).unwrap_or(0.0);
-        if out.is_empty() && self.seq_bytes > 0 && wait > 0.001 {
+        // The waits of the sequential read: from the mid snapshot on.
+        let waited = {
+            let from = if self.mid.is_null() {
+                &self.before
+            } else {
+                &self.mid
+            };
+            let sum = |v: &Value| f(&v["read"]["read_wait_secs"]["sum"]).unwrap_or(0.0);
+            sum(a) - sum(from)
+        };
+        if out.is_empty() && self.seq_secs >= MIN_SEQ_SECS && waited >= WAIT_SHARE * self.seq_secs {
             out.push((
                 Bottleneck::S3Bandwidth,
                 format!(
-                    "readers waited for S3 bytes (95th percentile {}) at a good latency: the \
-                     sequential read ran at {:.0} MB/s, what S3 and the network give this \
-                     node; compare with the link's speed",
-                    ms(Some(wait)),
+                    "readers waited for S3 bytes ({waited:.1} s in all over a {:.1} s read) at \
+                     a good latency: the sequential read ran at {:.0} MB/s, what S3 and the \
+                     network give this node; compare with the link's speed",
+                    self.seq_secs,
                     self.seq_bytes as f64 / self.seq_secs.max(1e-9) / 1e6
                 ),
             ));
@@ -522,7 +535,7 @@ mod tests {
                    "LIST": {"requests": 2, "latency_secs": {"p50": get_p50, "sum": get_p50 * n, "count": n}}},
             "cache": {"enabled": true, "device_slow": false,
                       "device_read_secs": dev},
-            "read": {"served_bytes": {"disk": disk}, "read_wait_secs": {"p95": 0.0}},
+            "read": {"served_bytes": {"disk": disk}, "read_wait_secs": {"sum": 0.0}},
             "read_ahead": {"budget_refusals": refusals, "memory_budget_bytes": 1 << 20},
             "mount": {"pid": 1},
         })
@@ -564,6 +577,15 @@ mod tests {
         busy.seq_idle = Some(0.02);
         busy.seq_secs = 2.0;
         assert_eq!(first(busy), Bottleneck::Cpu);
+        // A read of 0.5 s or more, its readers waiting most of it.
+        let mut waiting = stats(0.002, None, 0, 0);
+        waiting["read"]["read_wait_secs"]["sum"] = json!(1.5);
+        let mut slow = measured(waiting.clone());
+        slow.seq_secs = 2.0;
+        assert_eq!(first(slow), Bottleneck::S3Bandwidth);
+        let mut brief = measured(waiting);
+        brief.seq_secs = 0.3;
+        assert_eq!(first(brief), Bottleneck::None);
         let mut walk = measured(stats(0.002, None, 0, 0));
         walk.walk_secs = 10.0;
         assert_eq!(first(walk), Bottleneck::Metadata);

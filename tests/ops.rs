@@ -705,6 +705,22 @@ fn doctor_names_a_slow_cache_device() {
 }
 
 #[test]
+fn doctor_names_s3_bandwidth_when_the_server_sends_slowly() {
+    let _serial = measuring();
+    let srv = private_server();
+    let b = "doctor-bandwidth";
+    srv.create_bucket(b);
+    doctor_data(&srv, b);
+    // Quick answers, slow bodies: 40 MB/s for all of them.
+    srv.set_body_rate(40_000_000);
+    let m = MountSpec::new(b).server(&srv).mount();
+    let v = doctor(&m.path());
+    assert_eq!(v["bottleneck"], "s3-bandwidth-bound", "{v:#}");
+    let secs = v["sequential"]["secs"].as_f64().unwrap();
+    assert!(secs >= 0.7, "32 MiB at 40 MB/s in {secs} s");
+}
+
+#[test]
 fn alarm_series_exist_at_zero_from_the_start() {
     let b = bucket("alarms");
     server().put(&b, "a", "x");

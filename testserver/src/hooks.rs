@@ -36,6 +36,15 @@ pub struct Hooks {
     /// (key, Range header) of every GetObject since the last reset.
     get_ranges: Mutex<Vec<(String, Option<String>)>>,
     per_key: Mutex<Option<PerKey>>,
+    pacer: Mutex<Option<Pacer>>,
+}
+
+/// `set_body_rate`: one link shared by every GetObject body.
+#[derive(Debug)]
+struct Pacer {
+    bytes_per_sec: f64,
+    /// When the link is free again: the end of the last chunk reserved.
+    free_at: std::time::Instant,
 }
 
 /// `fail_first_per_key` / `hold_first_per_key`: what the first requests
@@ -207,6 +216,30 @@ impl Hooks {
         } else {
             BodyFault::Cut(cut.after)
         })
+    }
+
+    /// From now on every GetObject body is sent at most `bytes_per_sec` in
+    /// all (bodies share the rate, as on one link); 0 turns it off.
+    pub fn set_body_rate(&self, bytes_per_sec: u64) {
+        *lock(&self.pacer) = (bytes_per_sec > 0).then(|| Pacer {
+            bytes_per_sec: bytes_per_sec as f64,
+            free_at: std::time::Instant::now(),
+        });
+    }
+
+    /// Reserves the link for `n` bytes: the instant they have been sent, or
+    /// `None` when no rate is set.
+    pub fn reserve_body(&self, n: usize) -> Option<std::time::Instant> {
+        let mut p = lock(&self.pacer);
+        let p = p.as_mut()?;
+        let start = p.free_at.max(std::time::Instant::now());
+        p.free_at = start + Duration::from_secs_f64(n as f64 / p.bytes_per_sec);
+        Some(p.free_at)
+    }
+
+    /// Whether `set_body_rate` is in force.
+    pub fn paced(&self) -> bool {
+        lock(&self.pacer).is_some()
     }
 
     fn record(&self, op: &str) {

@@ -412,6 +412,13 @@ impl TestServer {
         self.inner.hooks.hold_first_per_key(delay, times);
     }
 
+    /// Sends every GetObject body at most `bytes_per_sec` in all, bodies
+    /// sharing the rate as on one link (the rest of the request is not
+    /// slowed); 0 turns it off.
+    pub fn set_body_rate(&self, bytes_per_sec: u64) {
+        self.inner.hooks.set_body_rate(bytes_per_sec);
+    }
+
     /// Requests of `op` on keys starting with `key_prefix` sleep `delay` (without
     /// blocking other requests) before being answered. For bucket-level operations
     /// such as `ListObjectsV2` the key is the request's `prefix` parameter ("" if

@@ -551,7 +551,11 @@ impl S3 for MemS3 {
         let body = match self.hooks.take_body_fault(&i.key) {
             None => {
                 self.hooks.add_body_bytes(data.len() as u64);
-                StreamingBlob::from(Body::from(data))
+                if self.hooks.paced() {
+                    paced_body(data, self.hooks.clone())
+                } else {
+                    StreamingBlob::from(Body::from(data))
+                }
             }
             Some(fault) => {
                 let (after, stall) = match fault {
@@ -669,6 +673,27 @@ impl S3 for MemS3 {
         };
         Ok(S3Response::new(out))
     }
+}
+
+/// `data` in 64 KiB chunks, each sent once the shared link
+/// (`Hooks::set_body_rate`) has had the time to carry it.
+fn paced_body(data: bytes::Bytes, hooks: Arc<crate::hooks::Hooks>) -> StreamingBlob {
+    use futures::StreamExt;
+    const CHUNK: usize = 64 << 10;
+    let chunks: Vec<bytes::Bytes> = (0..data.len())
+        .step_by(CHUNK)
+        .map(|at| data.slice(at..(at + CHUNK).min(data.len())))
+        .collect();
+    let stream = futures::stream::iter(chunks).then(move |chunk| {
+        let hooks = hooks.clone();
+        async move {
+            if let Some(done) = hooks.reserve_body(chunk.len()) {
+                tokio::time::sleep_until(done.into()).await;
+            }
+            Ok::<_, std::io::Error>(chunk)
+        }
+    });
+    StreamingBlob::wrap(stream)
 }
 
 /// A body that sends `head` and then fails (`stall` false) or sends nothing
