@@ -34,6 +34,12 @@ const SLOW_WALK_PER_SEC: f64 = 1000.0;
 /// ... when it saw at least this many (a few entries behind one LIST say
 /// nothing about the rate).
 const MIN_WALK: u64 = 500;
+/// Read-ahead refused for lack of memory budget names the budget when there
+/// were at least this many refusals ...
+const MIN_REFUSALS: f64 = 4.0;
+/// ... and at least this share of the baseline's GETs: a refusal or two in a
+/// burst of read-ahead is the budget doing its job, not too small.
+const REFUSAL_SHARE: f64 = 0.05;
 /// Node CPU idle below this share during the sequential read: CPU-bound ...
 const BUSY_IDLE: f64 = 0.10;
 /// ... when the read lasted at least this many seconds (also the shortest
@@ -170,12 +176,14 @@ impl Measured {
             ));
         }
         let refusals = self.delta(&["read_ahead", "budget_refusals"]);
-        if refusals > 0.0 {
+        let gets = self.delta(&["s3", "GET", "requests"]);
+        if refusals >= MIN_REFUSALS && refusals >= REFUSAL_SHARE * gets {
             out.push((
                 Bottleneck::MemoryBudget,
                 format!(
                     "the read-ahead memory budget is too small: {refusals:.0} read-ahead parts \
-                     were refused for lack of it (read.memory_budget = {}); raise it",
+                     were refused for lack of it beside {gets:.0} GETs (read.memory_budget = \
+                     {}); raise it",
                     crate::cache::human(
                         f(&a["read_ahead"]["memory_budget_bytes"]).unwrap_or(0.0) as u64
                     )
@@ -573,6 +581,14 @@ mod tests {
             Bottleneck::MemoryBudget
         );
         assert_eq!(first(measured(stats(0.002, None, 0, 0))), Bottleneck::None);
+        // A few refusals, or few beside many GETs, are the budget at work.
+        assert_eq!(first(measured(stats(0.002, None, 3, 0))), Bottleneck::None);
+        let mut many_gets = stats(0.002, None, 40, 0);
+        many_gets["s3"]["GET"]["requests"] = json!(1010);
+        assert_eq!(first(measured(many_gets)), Bottleneck::None);
+        let mut most_refused = stats(0.002, None, 60, 0);
+        most_refused["s3"]["GET"]["requests"] = json!(1010);
+        assert_eq!(first(measured(most_refused)), Bottleneck::MemoryBudget);
         let mut busy = measured(stats(0.002, None, 0, 0));
         busy.seq_idle = Some(0.02);
         busy.seq_secs = 2.0;
