@@ -287,6 +287,51 @@ fn mount_8_runs_the_helper_for_an_fstab_line() {
     unmount_and_wait(&mnt);
 }
 
+#[test]
+fn the_fstab_helper_reads_a_root_profile_without_home() {
+    // mount(8) gives its helpers no HOME. The helper must still find
+    // root's ~/.aws/credentials: a private mount namespace puts an empty
+    // tmpfs over /root holding just that profile, and the helper runs with
+    // no environment but PATH, the whole mount's life in that namespace.
+    let b = bucket("fstab-home");
+    server().put(&b, "x", "from a profile");
+    let dir = TempDir::new("fstab-home");
+    let mnt = dir.0.join("m");
+    std::fs::create_dir(&mnt).unwrap();
+    let helper = dir.0.join(lakemount::fstab::HELPER_NAME);
+    std::fs::copy(lakemount_bin(), &helper).unwrap();
+    let log = dir.0.join("log");
+    let script = format!(
+        r#"set -e
+mount -t tmpfs -o size=1m lakemount-test-home /root
+mkdir /root/.aws
+printf '[default]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n' > /root/.aws/credentials
+printf '[default]\nregion = us-east-1\n' > /root/.aws/config
+env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin AWS_EC2_METADATA_DISABLED=true \
+    {helper} s3://{b} {mnt} -o _netdev,endpoint_url={endpoint},log_file={log}
+cat {mnt}/x
+umount {mnt}
+"#,
+        key = ACCESS_KEY,
+        secret = SECRET_KEY,
+        helper = helper.display(),
+        mnt = mnt.display(),
+        endpoint = server().endpoint(),
+        log = log.display(),
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "from a profile");
+}
+
 /// The `lakemount.toml: |` block of a ConfigMap manifest, unindented.
 fn configmap_toml(yaml: &str) -> String {
     let mut lines = yaml.lines().skip_while(|l| l.trim() != "lakemount.toml: |");
