@@ -22,12 +22,9 @@ pub fn run_stats(args: &StatsArgs) -> anyhow::Result<()> {
         Some(s) => s.clone(),
         None => crate::telemetry::control::socket_path(&args.mountpoint),
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let mut last: Option<(Instant, Value)> = None;
     loop {
-        let text = rt.block_on(get(&socket, "/stats")).with_context(|| {
+        let v = fetch(&socket).with_context(|| {
             format!(
                 "no lakemount control socket answered at {} (is {} a running lakemount mount? \
                      the socket belongs to the daemon's user: run as that user, usually root)",
@@ -35,7 +32,6 @@ pub fn run_stats(args: &StatsArgs) -> anyhow::Result<()> {
                 args.mountpoint.display()
             )
         })?;
-        let v: Value = serde_json::from_str(&text).context("the daemon's /stats is not JSON")?;
         let out = if args.json {
             format!("{v}\n")
         } else {

@@ -87,6 +87,54 @@ fn stats_json_counts_a_known_read_exactly() {
 }
 
 #[test]
+fn stats_watch_refreshes_with_rates_and_ends_when_its_reader_goes() {
+    use std::io::Read;
+    const LEN: usize = 2_000_000;
+    let b = bucket("stats-watch");
+    server().put(&b, "a.bin", data(LEN, 6));
+    let m = MountSpec::new(&b).mount();
+    let mut child = Command::new(lakemount_bin())
+        .arg("stats")
+        .arg(m.path())
+        .arg("--watch=0.2")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut text = String::new();
+    let mut buf = [0u8; 4096];
+    let mut read_done = false;
+    // Screens start with the terminal clear; from the second on they carry
+    // the rates since the one before.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while text.matches("\x1b[2J\x1b[H").count() < 3 || !text.contains("1.91 MiB to readers") {
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "stats --watch ended early: {text}");
+        text.push_str(&String::from_utf8_lossy(&buf[..n]));
+        if !read_done && text.contains("rate ") {
+            assert_eq!(read_uncached(&m.p("a.bin")), data(LEN, 6));
+            read_done = true;
+        }
+    }
+    let screens: Vec<&str> = text.split("\x1b[2J\x1b[H").skip(1).collect();
+    assert!(!screens[0].contains("rate "), "{}", screens[0]);
+    assert!(screens[1].contains("rate "), "{}", screens[1]);
+    // The 2 MB read shows in a later screen's totals (the loop waited for it).
+    assert!(read_done);
+    // Its reader gone (as `stats --watch | head`), it ends quietly and well.
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn stats_of_a_path_that_is_not_a_mount_names_the_socket() {
     let dir = TempDir::new("not-a-mount");
     let out = Command::new(lakemount_bin())
@@ -724,6 +772,22 @@ fn doctor_names_s3_latency_when_the_server_answers_slowly() {
 }
 
 #[test]
+fn doctor_names_s3_bandwidth_when_the_server_sends_slowly() {
+    let _serial = measuring();
+    let srv = private_server();
+    let b = "doctor-bandwidth";
+    srv.create_bucket(b);
+    doctor_data(&srv, b);
+    // Quick answers, slow bodies: 40 MB/s for all of them.
+    srv.set_body_rate(40_000_000);
+    let m = MountSpec::new(b).server(&srv).mount();
+    let v = doctor(&m.path());
+    assert_eq!(v["bottleneck"], "s3-bandwidth-bound", "{v:#}");
+    let secs = v["sequential"]["secs"].as_f64().unwrap();
+    assert!(secs >= 0.7, "32 MiB at 40 MB/s in {secs} s");
+}
+
+#[test]
 fn doctor_names_a_tiny_memory_budget() {
     let _serial = measuring();
     let b = bucket("doctor-budget");
@@ -747,22 +811,6 @@ fn doctor_names_a_slow_cache_device() {
     let v = doctor(&m.path());
     drop(throttle);
     assert_eq!(v["bottleneck"], "cache-device-slow", "{v:#}");
-}
-
-#[test]
-fn doctor_names_s3_bandwidth_when_the_server_sends_slowly() {
-    let _serial = measuring();
-    let srv = private_server();
-    let b = "doctor-bandwidth";
-    srv.create_bucket(b);
-    doctor_data(&srv, b);
-    // Quick answers, slow bodies: 40 MB/s for all of them.
-    srv.set_body_rate(40_000_000);
-    let m = MountSpec::new(b).server(&srv).mount();
-    let v = doctor(&m.path());
-    assert_eq!(v["bottleneck"], "s3-bandwidth-bound", "{v:#}");
-    let secs = v["sequential"]["secs"].as_f64().unwrap();
-    assert!(secs >= 0.7, "32 MiB at 40 MB/s in {secs} s");
 }
 
 #[test]
