@@ -418,7 +418,10 @@ impl Mounted {
                 }
             });
         }
-        let passthrough = config.cache.dir.is_some() && config.cache.passthrough;
+        let passthrough = crate::fs::Passthrough {
+            cached: config.cache.dir.is_some() && config.cache.passthrough,
+            staged: !config.mount.read_only && config.write.passthrough,
+        };
         let adapter = FuseFs::new(
             fs,
             rt.handle().clone(),

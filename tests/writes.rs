@@ -253,7 +253,8 @@ fn a_killed_daemon_uploads_staged_files_at_its_next_start() {
 }
 
 /// Staging full: the write past `write.staging_max_size` fails with ENOSPC;
-/// what was written before stays and is uploaded.
+/// what was written before stays and is uploaded. (Writes through lakemount;
+/// passthrough writers are the next test.)
 #[test]
 fn staging_full_is_enospc_and_loses_nothing() {
     let b = bucket("w-full");
@@ -262,7 +263,7 @@ fn staging_full_is_enospc_and_loses_nothing() {
         server(),
         &b,
         &staging.0,
-        "[write]\nstaging_max_size = 1048576\nupload_delay_secs = 3600\n",
+        "[write]\nstaging_max_size = 1048576\nupload_delay_secs = 3600\npassthrough = false\n",
     );
     let first = data(700_000, 5);
     std::fs::write(m.p("a.bin"), &first).unwrap();
@@ -445,7 +446,8 @@ fn parts_are_sent_while_the_file_is_written() {
     let server = private_server();
     let b = bucket_on(&server, "w-early");
     let staging = TempDir::new("staging");
-    let m = rw(&server, &b, &staging.0, "");
+    // Through lakemount: a passthrough writer's parts wait for its close.
+    let m = rw(&server, &b, &staging.0, "[write]\npassthrough = false\n");
     let mut want = data(40 << 20, 9);
     let mut f = std::fs::File::create(m.p("big.bin")).unwrap();
     f.write_all(&want).unwrap();
@@ -477,6 +479,7 @@ fn parts_are_sent_while_the_file_is_written() {
 
 /// Writes do not each ask the daemon for `security.capability` (the kernel's
 /// kill-privileges check): with FUSE_HANDLE_KILLPRIV_V2 it asks once per file.
+/// (Writes through lakemount: passthrough writes send no request at all.)
 #[test]
 fn writes_send_no_getxattr_each() {
     let b = bucket("w-xattr");
@@ -490,6 +493,7 @@ fn writes_send_no_getxattr_each() {
             "--metrics-addr",
             &addr,
         ])
+        .config("[write]\npassthrough = false\n")
         .mount();
     let chunk = data(1 << 20, 4);
     let mut f = std::fs::File::create(m.p("x.bin")).unwrap();
@@ -604,4 +608,96 @@ fn renames_past_one_copy_object_copy_part_by_part() {
         server.open_uploads(&b).is_empty(),
         "an upload was left open"
     );
+}
+
+/// Writers are served by FUSE passthrough (`write.passthrough`, the
+/// default): the kernel writes the staged data file itself, so no write
+/// request reaches lakemount, yet sizes are right while the file is open,
+/// another open reads the bytes at once, ftruncate and O_APPEND work,
+/// fsync makes the file durable, and the close uploads it byte-exact.
+#[test]
+fn writers_go_to_staging_by_passthrough() {
+    let b = bucket("w-passthrough");
+    let staging = TempDir::new("staging");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .server(server())
+        .args(&[
+            "--read-write",
+            "--staging-dir",
+            staging.0.to_str().unwrap(),
+            "--metrics-addr",
+            &addr,
+        ])
+        .mount();
+    let path = m.p("ckpt/rank-0.pt");
+    std::fs::create_dir_all(m.p("ckpt")).unwrap();
+    let mut want = data(24 << 20, 11);
+    let mut f = std::fs::File::create(&path).unwrap();
+    f.write_all(&want).unwrap();
+    // Sizes while the writer is open: fstat, and stat by another caller.
+    assert_eq!(f.metadata().unwrap().len(), want.len() as u64);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), want.len() as u64);
+    // Another open reads what was written, at once.
+    assert!(std::fs::read(&path).unwrap() == want, "read while open");
+    // fsync: durable in S3 while still open.
+    f.sync_all().unwrap();
+    assert!(server().get(&b, "ckpt/rank-0.pt").unwrap()[..] == want[..]);
+    // Shrink, patch a header by pwrite, close: uploaded as it is now.
+    f.set_len(20 << 20).unwrap();
+    want.truncate(20 << 20);
+    f.write_all_at(b"HEADER", 0).unwrap();
+    want[..6].copy_from_slice(b"HEADER");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), want.len() as u64);
+    drop(f);
+    wait_uploaded(server(), &b, "ckpt/rank-0.pt", &want, &m);
+    // Append to the uploaded file: staged again, by passthrough again.
+    let mut a = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    a.write_all(b"tail").unwrap();
+    want.extend_from_slice(b"tail");
+    a.sync_all().unwrap();
+    drop(a);
+    assert!(server().get(&b, "ckpt/rank-0.pt").unwrap()[..] == want[..]);
+    assert!(std::fs::read(&path).unwrap() == want, "read after append");
+    let body = scrape(&addr);
+    assert!(
+        metric(&body, "lakemount_write_passthrough_opens_total") >= 2.0,
+        "{body}"
+    );
+    let writes = "lakemount_fuse_requests_total{op=\"write\"}";
+    assert!(
+        !body.lines().any(|l| l.starts_with(writes)),
+        "a write request reached lakemount:\n{body}"
+    );
+}
+
+/// A passthrough writer is let in only while staging has room; what it
+/// writes is kept and uploaded even past the limit (the kernel has written
+/// it), and the next writer, with staging over its limit, writes through
+/// lakemount and gets ENOSPC. Nothing is lost.
+#[test]
+fn a_passthrough_writer_past_the_staging_limit_loses_nothing() {
+    let b = bucket("w-pt-full");
+    let staging = TempDir::new("staging");
+    let m = rw(
+        server(),
+        &b,
+        &staging.0,
+        "[write]\nstaging_max_size = 1048576\nupload_delay_secs = 3600\n",
+    );
+    let big = data(1_500_000, 12);
+    std::fs::write(m.p("a.bin"), &big).unwrap();
+    assert_eq!(std::fs::read(m.p("a.bin")).unwrap(), big);
+    let mut f = std::fs::File::create(m.p("b.bin")).unwrap();
+    let r = f.write_all(&data(10_000, 13));
+    assert_errno(r, libc::ENOSPC, "a write with staging over its limit");
+    drop(f);
+    std::fs::remove_file(m.p("b.bin")).unwrap();
+    assert!(staged(&staging.0) == vec![big.clone()], "a.bin not kept");
+    let f = std::fs::File::open(m.p("a.bin")).unwrap();
+    f.sync_all().unwrap();
+    assert!(server().get(&b, "a.bin").unwrap() == big);
 }

@@ -44,9 +44,10 @@ pub enum FsError {
     /// An argument the operation does not take (EINVAL).
     #[error("invalid argument: {0}")]
     Invalid(String),
-    /// The file is open with FUSE passthrough and cannot be opened for
-    /// writing meanwhile (ETXTBSY).
-    #[error("file busy: open by passthrough readers")]
+    /// The file is open with FUSE passthrough to another local file than
+    /// this open would use (a cached object, a staged file uploaded since),
+    /// so it cannot be opened for writing meanwhile (ETXTBSY).
+    #[error("file busy: open by passthrough to another file")]
     Busy,
     /// Local disk I/O of staging failed (its errno).
     #[error("staging I/O: {1}")]

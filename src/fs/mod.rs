@@ -107,9 +107,33 @@ pub struct Opened {
     /// since it was checked: its local file, for FUSE passthrough. The object
     /// stays pinned in the cache while this value lives.
     pub backing: Option<Backing>,
-    /// A staged file (written on this mount): read and written through
-    /// lakemount, never passthrough or direct I/O, no page cache kept.
+    /// A staged file (written on this mount): never direct I/O, no page
+    /// cache kept; read and written through lakemount unless `staged` is set.
     pub local: bool,
+    /// A staged file whose opens may be served by FUSE passthrough (asked
+    /// for and `write.passthrough`). Whoever serves the open that way tells
+    /// [`Fs::passthrough_opened`] before the kernel may write.
+    pub staged: Option<StagedBacking>,
+}
+
+/// A staged file's data file, for FUSE passthrough.
+pub struct StagedBacking {
+    /// The data file; the same `Arc` for every open of one staged file.
+    pub file: Arc<std::fs::File>,
+    /// Whether this open may be the first passthrough open of the file: a
+    /// writer only while staging has room, since the kernel's writes are
+    /// not held to `write.staging_max_size`.
+    pub may_start: bool,
+}
+
+/// Which opens may be served by FUSE passthrough; both false when the
+/// kernel did not agree to passthrough at init.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Passthrough {
+    /// Objects whole and checked in the data cache (`cache.passthrough`).
+    pub cached: bool,
+    /// Staged files of a writable mount (`write.passthrough`).
+    pub staged: bool,
 }
 
 struct DirHandle {
@@ -369,21 +393,26 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     }
 
     /// Opens a file. For reading an object: pinned to the ETag current now;
-    /// with `passthrough`, also looks for the whole object in the data
+    /// with `passthrough.cached`, also looks for the whole object in the data
     /// cache ([`Opened::backing`]). On a writable mount a staged file, or
     /// any file opened with `write` (O_WRONLY, O_RDWR, O_APPEND), is opened
-    /// in staging (emptied with `truncate`, O_TRUNC). Errors: EISDIR,
-    /// ENOENT, EROFS for a write open of a read-only mount, ENOSPC.
+    /// in staging (emptied with `truncate`, O_TRUNC; [`Opened::staged`] with
+    /// `passthrough.staged`). Errors: EISDIR, ENOENT, EROFS for a write open
+    /// of a read-only mount, ENOSPC.
     pub async fn open(
         &self,
         ino: u64,
         write: bool,
         truncate: bool,
-        passthrough: bool,
+        passthrough: Passthrough,
     ) -> Result<Opened, FsError> {
-        if let Some(local) = self.open_local(ino, write, truncate).await {
+        if let Some(local) = self
+            .open_local(ino, write, truncate, passthrough.staged)
+            .await
+        {
             return local;
         }
+        let passthrough = passthrough.cached;
         if write {
             return Err(FsError::ReadOnly);
         }
@@ -493,6 +522,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             size: attr.size,
             backing,
             local: false,
+            staged: None,
         }
     }
 

@@ -23,6 +23,9 @@ pub(super) struct LocalHandle {
     file: Arc<Staged>,
     /// Opened for writing (counts as one of the file's writers).
     write: bool,
+    /// Served by FUSE passthrough: the kernel reads and writes the data
+    /// file itself.
+    passthrough: bool,
 }
 
 /// Bytes copied per GET when an object is staged for an in-place change.
@@ -242,33 +245,62 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
 
     fn new_local_handle(&self, file: Arc<Staged>, write: bool) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.local_files
-            .lock()
-            .unwrap()
-            .insert(fh, LocalHandle { file, write });
+        self.local_files.lock().unwrap().insert(
+            fh,
+            LocalHandle {
+                file,
+                write,
+                passthrough: false,
+            },
+        );
         fh
     }
 
-    fn local_opened(&self, fh: u64, size: u64) -> Opened {
+    /// The answer to an open of staged file `f` as handle `fh`; with
+    /// `passthrough`, its data file when `write.passthrough` allows.
+    fn local_opened(&self, fh: u64, f: &Staged, write: bool, passthrough: bool) -> Opened {
+        let staged = match &self.writes {
+            Some(w) if passthrough && w.passthrough_ok(false) => Some(super::StagedBacking {
+                file: f.data_file().clone(),
+                may_start: w.passthrough_ok(write),
+            }),
+            _ => None,
+        };
         Opened {
             fh,
             keep_cache: false,
-            size,
+            size: f.attr().size,
             backing: None,
             local: true,
+            staged,
         }
+    }
+
+    /// Handle `fh` of a staged file is served by FUSE passthrough: called
+    /// before the open's reply, since from then on the kernel writes the
+    /// data file behind lakemount's back. A no-op for other handles.
+    pub fn passthrough_opened(&self, fh: u64) {
+        let Some(w) = &self.writes else { return };
+        let mut files = self.local_files.lock().unwrap();
+        let Some(h) = files.get_mut(&fh) else { return };
+        if h.write && !h.passthrough {
+            w.passthrough_writer(&h.file);
+        }
+        h.passthrough = true;
     }
 
     /// Creates and opens file `name` in `parent` (open with O_CREAT of a
     /// name the kernel believes missing, `flags` its open flags): its stat
     /// and handle. A name that exists after all (a stale negative entry) is
     /// EEXIST with O_EXCL, emptied with O_TRUNC, else opened as it is.
+    /// With `passthrough`, [`Opened::staged`] as [`Fs::open`] gives it.
     /// Errors: EROFS, EEXIST, EISDIR, ENAMETOOLONG, EINVAL, ENOSPC, local disk.
     pub async fn create(
         &self,
         parent: u64,
         name: &OsStr,
         flags: i32,
+        passthrough: bool,
     ) -> Result<(Stat, Opened), FsError> {
         let w = self.writes()?.clone();
         let dir = self.dir_attr(parent)?;
@@ -282,7 +314,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             Found::Object(_) | Found::Staged if flags & libc::O_TRUNC == 0 => {
                 // It exists: open it for writing as it is.
                 let stat = self.lookup(parent, OsStr::new(name)).await?;
-                let o = match self.open_local(stat.ino, true, false).await {
+                let o = match self.open_local(stat.ino, true, false, passthrough).await {
                     Some(r) => r?,
                     None => return Err(FsError::NotFound),
                 };
@@ -294,20 +326,22 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         };
         let f = w.create(&format!("{}{name}", dir.key), in_s3)?;
         let stat = self.upsert_staged(parent, &dir.key, name, &f, true);
-        let fh = self.new_local_handle(f, true);
-        Ok((stat, self.local_opened(fh, 0)))
+        let fh = self.new_local_handle(f.clone(), true);
+        Ok((stat, self.local_opened(fh, &f, true, passthrough)))
     }
 
     /// Opens `ino` on a writable mount when it is staged or `write` is
     /// asked (O_WRONLY, O_RDWR, O_TRUNC, O_APPEND): `None` for a read of an
     /// object, which the read path opens. An object opened for writing is
-    /// staged whole first (emptied instead with `truncate`).
+    /// staged whole first (emptied instead with `truncate`). With
+    /// `passthrough`, [`Opened::staged`] as [`Fs::open`] gives it.
     /// Errors: EISDIR, ENOENT, ENOSPC, the store's.
     pub(super) async fn open_local(
         &self,
         ino: u64,
         write: bool,
         truncate: bool,
+        passthrough: bool,
     ) -> Option<Result<Opened, FsError>> {
         let w = self.writes.as_ref()?;
         let attr = match self.meta.inodes.get(ino) {
@@ -317,13 +351,13 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         };
         if let Some(f) = w.staged(&attr.key) {
             if !write {
-                let size = f.attr().size;
-                return Some(Ok(self.local_opened(self.new_local_handle(f, false), size)));
+                let fh = self.new_local_handle(f.clone(), false);
+                return Some(Ok(self.local_opened(fh, &f, false, passthrough)));
             }
             match w.open_writer(&f, truncate) {
                 Some(Ok(())) => {
-                    let size = f.attr().size;
-                    return Some(Ok(self.local_opened(self.new_local_handle(f, true), size)));
+                    let fh = self.new_local_handle(f.clone(), true);
+                    return Some(Ok(self.local_opened(fh, &f, true, passthrough)));
                 }
                 Some(Err(e)) => return Some(Err(e.into())),
                 None => {} // Uploaded meanwhile: an object now.
@@ -332,13 +366,19 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         if !write {
             return None;
         }
-        Some(self.stage_object(ino, &attr, truncate).await)
+        Some(self.stage_object(ino, &attr, truncate, passthrough).await)
     }
 
     /// Stages object `attr` (inode `ino`) for writing: empty with
     /// `truncate`, else its bytes copied in by ranged GETs pinned to its
     /// ETag, before the file is shown (one copy of a name at a time).
-    async fn stage_object(&self, ino: u64, attr: &Attr, truncate: bool) -> Result<Opened, FsError> {
+    async fn stage_object(
+        &self,
+        ino: u64,
+        attr: &Attr,
+        truncate: bool,
+        passthrough: bool,
+    ) -> Result<Opened, FsError> {
         let w = self.writes()?;
         let f = if truncate {
             w.create(&attr.key, true)?
@@ -367,8 +407,8 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         let a = f.attr();
         self.meta.inodes.set_file(ino, a.size, &a.etag, a.mtime);
         f.set_ino(ino);
-        let fh = self.new_local_handle(f, true);
-        Ok(self.local_opened(fh, a.size))
+        let fh = self.new_local_handle(f.clone(), true);
+        Ok(self.local_opened(fh, &f, true, passthrough))
     }
 
     /// Copies object `attr` into staged file `f` (ranged GETs of
@@ -431,7 +471,11 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         if h.write
             && let Some(w) = &self.writes
         {
-            w.close_writer(&h.file);
+            if h.passthrough {
+                w.close_passthrough_writer(&h.file);
+            } else {
+                w.close_writer(&h.file);
+            }
         }
         true
     }
@@ -470,7 +514,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             match w.staged(&attr.key) {
                 Some(f) => w.truncate(&f, size)?,
                 None => {
-                    let o = self.stage_object(ino, &attr, size == 0).await?;
+                    let o = self.stage_object(ino, &attr, size == 0, false).await?;
                     let f = self
                         .local_files
                         .lock()

@@ -19,7 +19,7 @@ use fuser::{
 };
 use tracing::{debug, info, warn};
 
-use crate::fs::{Fs, FsError, Stat};
+use crate::fs::{Fs, FsError, Passthrough, Stat};
 use crate::meta::EntryKind;
 use crate::store::{ObjectStore, WriteStore};
 use crate::telemetry::metrics as m;
@@ -62,7 +62,8 @@ enum IoMode {
     /// (`fuse_file_mmap`, fs/fuse/file.c), which a passthrough open would
     /// conflict with.
     Daemon,
-    /// FUSE passthrough: the kernel reads the cache's local file itself.
+    /// FUSE passthrough: the kernel reads (and for a staged file writes)
+    /// the local file itself.
     Passthrough,
 }
 
@@ -78,11 +79,14 @@ struct InodeIo {
 }
 
 /// The backing file of an inode's passthrough opens. One inode is one object
-/// version, so every open of the inode may share it.
+/// version, or one staged file, so every open of the inode may share it.
 struct Shared {
     id: Arc<BackingId>,
-    /// Keeps the object in the data cache (not evicted) while it is open.
-    _pin: crate::cache::Backing,
+    /// A cached object's: keeps it in the data cache (not evicted) while it
+    /// is open. `None` for a staged file's data file.
+    pin: Option<crate::cache::Backing>,
+    /// A staged file's data file: which staged file the inode's opens share.
+    staged: Option<Arc<std::fs::File>>,
 }
 
 /// Per-inode bookkeeping of I/O modes. The kernel fails an open (EIO to the
@@ -106,8 +110,9 @@ struct IoModes {
 pub struct FuseFs<S> {
     fs: Arc<Fs<S>>,
     rt: tokio::runtime::Handle,
-    /// Ask the kernel for FUSE passthrough (`cache.passthrough` with a cache).
-    want_passthrough: bool,
+    /// What FUSE passthrough is asked of the kernel for (`cache.passthrough`
+    /// with a cache; `write.passthrough` on a writable mount).
+    want_passthrough: Passthrough,
     /// Passthrough was negotiated at init and backing files can be opened.
     passthrough: Arc<AtomicBool>,
     io: Arc<Mutex<IoModes>>,
@@ -118,14 +123,15 @@ pub struct FuseFs<S> {
 }
 
 impl<S: ObjectStore + WriteStore> FuseFs<S> {
-    /// Serves `fs`, running every request on `rt`. With `passthrough`, fully
-    /// cached files are served by FUSE passthrough when the kernel allows it.
+    /// Serves `fs`, running every request on `rt`. What `passthrough` names
+    /// (fully cached files, staged files) is served by FUSE passthrough when
+    /// the kernel allows it.
     /// Files of at least `direct_io_min_size` bytes (0: none) bypass the page
     /// cache when the kernel allows it ([`crate::read::ReadConfig::direct_io_min_size`]).
     pub fn new(
         fs: Arc<Fs<S>>,
         rt: tokio::runtime::Handle,
-        passthrough: bool,
+        passthrough: Passthrough,
         direct_io_min_size: u64,
     ) -> Self {
         Self {
@@ -165,14 +171,24 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
 }
 
 impl<S> FuseFs<S> {
-    /// Whether `ino` has FUSE passthrough opens now.
-    fn passthrough_open(&self, ino: u64) -> bool {
+    /// Whether `ino` has FUSE passthrough opens of a cached object now.
+    fn cached_passthrough_open(&self, ino: u64) -> bool {
         self.io
             .lock()
             .unwrap()
             .inodes
             .get(&ino)
-            .is_some_and(|e| e.passthrough > 0)
+            .is_some_and(|e| e.backing.as_ref().is_some_and(|b| b.pin.is_some()))
+    }
+
+    /// What may be served by passthrough now: what was asked, once the
+    /// kernel agreed at init.
+    fn passthrough_now(&self) -> Passthrough {
+        if self.passthrough.load(Ordering::Relaxed) {
+            self.want_passthrough
+        } else {
+            Passthrough::default()
+        }
     }
 }
 
@@ -262,71 +278,137 @@ fn file_type(kind: EntryKind) -> FileType {
     }
 }
 
+/// How the kernel is to serve one open.
+enum Served {
+    Daemon,
+    Passthrough(Arc<BackingId>),
+    /// The inode's passthrough opens are of another file: this open cannot
+    /// join them, nor be served by lakemount beside them (the kernel would
+    /// fail it with EIO, `fuse_file_io_open` in fs/fuse/iomode.c). EBUSY.
+    Busy,
+}
+
+/// Chooses the I/O mode [`IoModes`] allows for open `o` of `ino` and
+/// records it; `open_backing` registers a backing file with the kernel. A
+/// passthrough open of a staged file is told to `fs` before the reply. A
+/// refused open ([`Served::Busy`]) is released in `fs`.
+fn choose_mode<S: ObjectStore + WriteStore>(
+    fs: &Fs<S>,
+    ino: u64,
+    o: &mut crate::fs::Opened,
+    io: &Mutex<IoModes>,
+    passthrough: &AtomicBool,
+    open_backing: impl FnOnce(&std::fs::File) -> std::io::Result<BackingId>,
+) -> Served {
+    let mut st = io.lock().unwrap();
+    let e = st.inodes.entry(ino).or_default();
+    let cached = o.backing.take();
+    let staged = o.staged.take();
+    let shared = match (&e.backing, o.local) {
+        _ if e.daemon > 0 => None,
+        (None, false) => cached.and_then(|b| {
+            let id = registered(open_backing(&b.file), passthrough)?;
+            Some(e.share(id, Some(b), None))
+        }),
+        (None, true) => staged.filter(|s| s.may_start).and_then(|s| {
+            let id = registered(open_backing(&s.file), passthrough)?;
+            Some(e.share(id, None, Some(s.file)))
+        }),
+        // One inode is one object version: its cached file, or the staged
+        // file it was uploaded from (unchanged since: no writer is left).
+        (Some(b), false) => Some(b.id.clone()),
+        (Some(b), true) => match (&b.staged, &staged) {
+            (Some(mine), Some(s)) if Arc::ptr_eq(mine, &s.file) => Some(b.id.clone()),
+            _ => {
+                drop(st);
+                fs.release(o.fh);
+                return Served::Busy;
+            }
+        },
+    };
+    let mode = if shared.is_some() {
+        e.passthrough += 1;
+        IoMode::Passthrough
+    } else {
+        e.daemon += 1;
+        IoMode::Daemon
+    };
+    st.handles.insert(o.fh, (ino, mode));
+    drop(st);
+    match shared {
+        Some(id) => {
+            if o.local {
+                fs.passthrough_opened(o.fh);
+                metrics::counter!(m::WRITE_PASSTHROUGH_OPENS).increment(1);
+                debug!(ino, "open: FUSE passthrough to the staged file");
+            } else {
+                metrics::counter!(m::CACHE_PASSTHROUGH_OPENS).increment(1);
+                debug!(ino, "open: FUSE passthrough to the cached file");
+            }
+            Served::Passthrough(id)
+        }
+        None => Served::Daemon,
+    }
+}
+
+/// The open flags of an open served through lakemount: an object of at
+/// least `direct_io_min_size` bytes gets FOPEN_DIRECT_IO.
+fn daemon_flags(o: &crate::fs::Opened, direct_io_min_size: u64) -> FopenFlags {
+    let mut flags = FopenFlags::empty();
+    if !o.local && is_direct_io(direct_io_min_size, o.size) {
+        metrics::counter!(m::FUSE_DIRECT_IO_OPENS).increment(1);
+        flags |= FopenFlags::FOPEN_DIRECT_IO;
+    }
+    // With direct I/O too: without it the open would drop the file's pages,
+    // unmapping them from live mmaps of this version. (An mmap of a
+    // direct-I/O file drops them itself, at each mmap: `fuse_file_mmap`
+    // calls invalidate_inode_pages2.)
+    if o.keep_cache {
+        flags |= FopenFlags::FOPEN_KEEP_CACHE;
+    }
+    flags
+}
+
 /// Answers an open with the I/O mode [`IoModes`] allows, and records it.
-/// An open that is not passthrough, of a file of at least
-/// `direct_io_min_size` bytes, is sent with FOPEN_DIRECT_IO.
-fn open_reply(
+fn open_reply<S: ObjectStore + WriteStore>(
+    fs: &Fs<S>,
     reply: ReplyOpen,
     ino: u64,
-    o: crate::fs::Opened,
+    mut o: crate::fs::Opened,
     io: &Mutex<IoModes>,
     passthrough: &AtomicBool,
     direct_io_min_size: u64,
 ) {
     let fh = FileHandle(o.fh);
-    let mut st = io.lock().unwrap();
-    let e = st.inodes.entry(ino).or_default();
-    let mut shared = None;
-    let mode = match (o.backing, &e.backing) {
-        _ if e.daemon > 0 || o.local => IoMode::Daemon,
-        (_, Some(b)) => {
-            shared = Some(b.id.clone());
-            IoMode::Passthrough
-        }
-        (Some(b), None) => match reply.open_backing(&b.file) {
-            Ok(id) => {
-                let id = Arc::new(id);
-                e.backing = Some(Shared {
-                    id: id.clone(),
-                    _pin: b,
-                });
-                shared = Some(id);
-                IoMode::Passthrough
-            }
-            Err(err) => {
-                backing_failed(&err, passthrough);
-                IoMode::Daemon
-            }
-        },
-        (None, None) => IoMode::Daemon,
-    };
-    match mode {
-        IoMode::Daemon => e.daemon += 1,
-        IoMode::Passthrough => e.passthrough += 1,
+    match choose_mode(fs, ino, &mut o, io, passthrough, |f| reply.open_backing(f)) {
+        Served::Passthrough(id) => reply.opened_passthrough(fh, FopenFlags::empty(), &id),
+        Served::Daemon => reply.opened(fh, daemon_flags(&o, direct_io_min_size)),
+        Served::Busy => reply.error(errno("open", &FsError::Busy)),
     }
-    st.handles.insert(o.fh, (ino, mode));
-    drop(st);
-    match (mode, shared) {
-        (IoMode::Passthrough, Some(id)) => {
-            metrics::counter!(m::CACHE_PASSTHROUGH_OPENS).increment(1);
-            debug!(ino, "open: FUSE passthrough to the cached file");
-            reply.opened_passthrough(fh, FopenFlags::empty(), &id)
-        }
-        _ => {
-            let mut flags = FopenFlags::empty();
-            if !o.local && is_direct_io(direct_io_min_size, o.size) {
-                metrics::counter!(m::FUSE_DIRECT_IO_OPENS).increment(1);
-                flags |= FopenFlags::FOPEN_DIRECT_IO;
-            }
-            // With direct I/O too: without it the open would drop the
-            // file's pages, unmapping them from live mmaps of this version.
-            // (An mmap of a direct-I/O file drops them itself, at each mmap:
-            // `fuse_file_mmap` calls invalidate_inode_pages2.)
-            if o.keep_cache {
-                flags |= FopenFlags::FOPEN_KEEP_CACHE;
-            }
-            reply.opened(fh, flags)
-        }
+}
+
+/// The backing id of a registered backing file, or `None` (said by
+/// [`backing_failed`]) when it could not be.
+fn registered(r: std::io::Result<BackingId>, passthrough: &AtomicBool) -> Option<Arc<BackingId>> {
+    r.map_err(|err| backing_failed(&err, passthrough))
+        .ok()
+        .map(Arc::new)
+}
+
+impl InodeIo {
+    /// Makes `id` the backing every passthrough open of this inode shares.
+    fn share(
+        &mut self,
+        id: Arc<BackingId>,
+        pin: Option<crate::cache::Backing>,
+        staged: Option<Arc<std::fs::File>>,
+    ) -> Arc<BackingId> {
+        self.backing = Some(Shared {
+            id: id.clone(),
+            pin,
+            staged,
+        });
+        id
     }
 }
 
@@ -396,17 +478,17 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
                  through the page cache (read.direct_io_min_size ignored)"
             );
         }
-        if self.want_passthrough {
+        if self.want_passthrough != Passthrough::default() {
             // Backing files on a plain local file system: stack depth 1
             // (FILESYSTEM_MAX_STACK_DEPTH is 2, include/linux/fs.h).
             match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
                 Ok(()) if config.set_max_stack_depth(1).is_ok() => {
                     self.passthrough.store(true, Ordering::Relaxed);
-                    debug!("FUSE passthrough on: fully cached files are read by the kernel");
+                    debug!(want = ?self.want_passthrough, "FUSE passthrough on");
                 }
                 _ => info!(
                     "kernel lacks FUSE passthrough (Linux 6.9+, CONFIG_FUSE_PASSTHROUGH): \
-                     cached files are served through lakemount"
+                     cached and staged files are served through lakemount"
                 ),
             }
         }
@@ -460,19 +542,20 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         let truncate = flags.0 & libc::O_TRUNC != 0;
-        if write && self.passthrough_open(ino.0) {
-            // The kernel would fail the open of a staged file (read through
-            // lakemount) while passthrough opens of the inode exist.
+        if write && self.cached_passthrough_open(ino.0) {
+            // The kernel would fail the open of a staged file while
+            // passthrough opens of the object's cached file exist.
             return reply.error(errno("open", &FsError::Busy));
         }
         // Answered here, on the session thread, when the attributes are
         // fresh (no listing to wait for): a loader opens each small file
         // once, and a hop to the runtime and back was most of an open's cost.
         let _rt = self.rt.enter();
-        let want = self.passthrough.load(Ordering::Relaxed);
-        if let Some(r) = self.fs.try_open_now(ino.0, write, want) {
+        let want = self.passthrough_now();
+        if let Some(r) = self.fs.try_open_now(ino.0, write, want.cached) {
             return match r {
                 Ok(o) => open_reply(
+                    &self.fs,
                     reply,
                     ino.0,
                     o,
@@ -488,9 +571,8 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         let io = self.io.clone();
         let direct = self.direct_io_min_size;
         self.rt.spawn(async move {
-            let want = passthrough.load(Ordering::Relaxed);
             match fs.open(ino.0, write, truncate, want).await {
-                Ok(o) => open_reply(reply, ino.0, o, &io, &passthrough, direct),
+                Ok(o) => open_reply(&fs, reply, ino.0, o, &io, &passthrough, direct),
                 Err(e) => reply.error(errno("open", &e)),
             }
         });
@@ -722,20 +804,28 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         let fs = self.fs.clone();
         let name = name.to_owned();
         let io = self.io.clone();
+        let passthrough = self.passthrough.clone();
+        let want = self.passthrough_now().staged;
         self.rt.spawn(async move {
-            match fs.create(parent.0, &name, flags).await {
-                Ok((stat, o)) => {
-                    let mut st = io.lock().unwrap();
-                    st.inodes.entry(stat.ino).or_default().daemon += 1;
-                    st.handles.insert(o.fh, (stat.ino, IoMode::Daemon));
-                    drop(st);
-                    reply.created(
-                        &fs.kernel_ttl(),
-                        &Self::attr(&stat, 0),
-                        Generation(0),
-                        FileHandle(o.fh),
-                        FopenFlags::empty(),
-                    )
+            match fs.create(parent.0, &name, flags, want).await {
+                Ok((stat, mut o)) => {
+                    let (ttl, attr) = (fs.kernel_ttl(), Self::attr(&stat, 0));
+                    let fh = FileHandle(o.fh);
+                    let open_backing = |f: &std::fs::File| reply.open_backing(f);
+                    match choose_mode(&fs, stat.ino, &mut o, &io, &passthrough, open_backing) {
+                        Served::Passthrough(id) => reply.created_passthrough(
+                            &ttl,
+                            &attr,
+                            Generation(0),
+                            fh,
+                            FopenFlags::empty(),
+                            &id,
+                        ),
+                        Served::Daemon => {
+                            reply.created(&ttl, &attr, Generation(0), fh, FopenFlags::empty())
+                        }
+                        Served::Busy => reply.error(errno("create", &FsError::Busy)),
+                    }
                 }
                 Err(e) => reply.error(errno("create", &e)),
             }
@@ -822,7 +912,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         if !self.fs.writable() {
             return reply.error(errno("setattr", &FsError::ReadOnly));
         }
-        if size.is_some() && self.passthrough_open(ino.0) {
+        if size.is_some() && self.cached_passthrough_open(ino.0) {
             return reply.error(errno("setattr", &FsError::Busy));
         }
         let mtime = mtime.map(|t| match t {

@@ -50,6 +50,10 @@ pub const WRITE_UPLOAD_SECONDS: &str = "lakemount_write_upload_duration_seconds"
 /// Counter: uploads of staged files that failed after the store's retries
 /// (each is logged as an error naming the file and tried again later).
 pub const WRITE_UPLOAD_FAILURES: &str = "lakemount_write_upload_failures_total";
+/// Counter: opens of staged files served by FUSE passthrough (the kernel
+/// then reads and writes the data file in staging; those bytes are not in
+/// `lakemount_fuse_write_bytes_total`).
+pub const WRITE_PASSTHROUGH_OPENS: &str = "lakemount_write_passthrough_opens_total";
 /// Counter: bytes taken by FUSE write requests (into staging).
 pub const FUSE_WRITE_BYTES: &str = "lakemount_fuse_write_bytes_total";
 /// Counter: bytes returned to FUSE read requests.

@@ -77,6 +77,14 @@ pub struct WriteConfig {
     /// Accepted: 5 MiB to 5 GiB.
     #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub max_copy_size: u64,
+    /// Let the kernel write staged files itself by FUSE passthrough (Linux
+    /// 6.9+, root), at local-disk speed: a checkpoint's close() then costs
+    /// what a local write does. Such a file's parts are uploaded after its
+    /// close rather than while it is written, and its writes are not held
+    /// to `staging_max_size`: a writer is let in only while staging has
+    /// room, and what it writes past the limit is accounted afterwards
+    /// (the file system's own ENOSPC still stops it). Default true.
+    pub passthrough: bool,
 }
 
 impl Default for WriteConfig {
@@ -91,6 +99,7 @@ impl Default for WriteConfig {
             upload_nice: 10,
             shutdown_wait_secs: 60.0,
             max_copy_size: crate::store::MAX_PART_SIZE,
+            passthrough: true,
         }
     }
 }
@@ -169,8 +178,36 @@ struct State {
     /// Per part (index: number - 1): the version of the last change to its
     /// bytes, so a part sent before a change is sent again.
     part_written: Vec<u64>,
-    /// Parts are not sent while writing any more (a part upload failed).
+    /// Parts are not sent while writing any more (a part upload failed, or
+    /// the file is written by passthrough).
     no_early: bool,
+    /// Handles open for writing by FUSE passthrough: the kernel writes the
+    /// data file itself, so `size`, `mtime` and `version` follow the file
+    /// only when [`Writes::sync_passthrough`] looks at it.
+    pt_writers: u32,
+    /// The data file as the last look at it found it.
+    pt_seen: Option<FileStamp>,
+}
+
+/// What tells a change of a data file written behind lakemount's back: its
+/// size, and its modification and change times (nanoseconds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    fn of(file: &File) -> std::io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata()?;
+        Ok(Self {
+            size: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
 }
 
 /// A multipart upload of a staged file not completed yet.
@@ -213,6 +250,8 @@ impl State {
             mpu: None,
             part_written: Vec::new(),
             no_early: false,
+            pt_writers: 0,
+            pt_seen: None,
         }
     }
 }
@@ -235,12 +274,25 @@ impl Staged {
     /// Attributes now.
     pub fn attr(&self) -> StagedAttr {
         let st = self.st.lock().unwrap();
+        let (mut size, mut mtime) = (st.size, st.mtime);
+        if st.pt_writers > 0
+            && let Ok(m) = self.file.metadata()
+        {
+            // Written by the kernel meanwhile: the file itself knows.
+            size = m.len();
+            mtime = m.modified().unwrap_or(mtime);
+        }
         StagedAttr {
             key: st.key.clone(),
-            size: st.size,
-            mtime: st.mtime,
+            size,
+            mtime,
             etag: staged_etag(self.id),
         }
+    }
+
+    /// The data file, for FUSE passthrough of this file's opens.
+    pub fn data_file(&self) -> &Arc<File> {
+        &self.file
     }
 
     /// Records an inode the kernel knows this file as.
@@ -329,6 +381,8 @@ pub struct Writes<S> {
     delay: Duration,
     retry: Duration,
     max_copy: u64,
+    /// `write.passthrough`.
+    passthrough: bool,
     ov: Mutex<Overlay>,
     /// The runtime upload tasks run on (its threads at `write.upload_nice`).
     rt: tokio::runtime::Handle,
@@ -396,6 +450,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
             delay: Duration::from_secs_f64(config.upload_delay_secs.max(0.0)),
             retry: Duration::from_secs_f64(config.retry_secs.max(0.001)),
             max_copy: config.max_copy_size,
+            passthrough: config.passthrough,
             ov: Mutex::new(Overlay::default()),
             upload_locks: KeyLocks::default(),
             stage_locks: KeyLocks::default(),
@@ -784,6 +839,78 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         Some(r)
     }
 
+    /// Whether an open of a staged file (for writing: `write`) may start
+    /// FUSE passthrough: `write.passthrough` is on and, for a writer,
+    /// staging has room left (a passthrough writer's bytes are not checked
+    /// against the limit).
+    pub fn passthrough_ok(&self, write: bool) -> bool {
+        self.passthrough && (!write || self.staging.has_room())
+    }
+
+    /// A handle of `f` open for writing is served by FUSE passthrough: from
+    /// now on the kernel writes the data file itself. Its parts are not sent
+    /// while it is written (no write tells which bytes changed).
+    pub fn passthrough_writer(&self, f: &Staged) {
+        let mut st = f.st.lock().unwrap();
+        st.pt_writers += 1;
+        st.no_early = true;
+        if st.pt_seen.is_none() {
+            st.pt_seen = FileStamp::of(&f.file).ok();
+        }
+    }
+
+    /// A passthrough writer of `f` closed: its writes are taken in, then as
+    /// [`Self::close_writer`].
+    pub fn close_passthrough_writer(self: &Arc<Self>, f: &Arc<Staged>) {
+        {
+            let mut st = f.st.lock().unwrap();
+            self.sync_locked(f, &mut st);
+            st.pt_writers = st.pt_writers.saturating_sub(1);
+            if st.pt_writers == 0 {
+                st.pt_seen = None;
+            }
+        }
+        self.close_writer(f);
+    }
+
+    /// Takes in what passthrough writers did to `f`'s data file: a change
+    /// of size or times is a new version, every part of it written. Growth
+    /// is accounted in staging even past its limit (the kernel has written
+    /// it already). A no-op without passthrough writers.
+    pub fn sync_passthrough(&self, f: &Staged) {
+        let mut st = f.st.lock().unwrap();
+        self.sync_locked(f, &mut st);
+    }
+
+    fn sync_locked(&self, f: &Staged, st: &mut State) {
+        if st.pt_writers == 0 {
+            return;
+        }
+        let now = match FileStamp::of(&f.file) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(key = %st.key, "cannot stat a staged file: {e}");
+                return;
+            }
+        };
+        if st.pt_seen == Some(now) {
+            return;
+        }
+        st.pt_seen = Some(now);
+        if !st.gone {
+            self.staging.resize_over(st.size, now.size);
+        }
+        st.size = now.size;
+        st.mtime = f
+            .file
+            .metadata()
+            .and_then(|m| m.modified())
+            .unwrap_or(st.mtime);
+        st.version += 1;
+        st.part_written.clear();
+        mark_written(self.up.part_size, st, 0, now.size);
+    }
+
     /// One writer of `f` closed; after the last the upload is due in
     /// `write.upload_delay_secs`.
     pub fn close_writer(self: &Arc<Self>, f: &Arc<Staged>) {
@@ -858,6 +985,8 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     }
 
     fn set_len(&self, f: &Staged, st: &mut State, size: u64) -> Result<(), WriteError> {
+        // Accounted from the size the file has now.
+        self.sync_locked(f, st);
         let counted = !st.gone;
         if counted {
             self.staging.resize(st.size, size)?;
@@ -887,6 +1016,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     pub async fn fsync(self: &Arc<Self>, f: &Arc<Staged>) -> Result<(), WriteError> {
         let target = {
             let mut st = f.st.lock().unwrap();
+            self.sync_locked(f, &mut st);
             if st.gone || st.uploaded >= st.version {
                 return Ok(());
             }

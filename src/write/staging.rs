@@ -181,6 +181,21 @@ impl Staging {
             })
     }
 
+    /// Accounts growth from `old` to `new` bytes that has happened already
+    /// (a passthrough writer's), past the limit if need be.
+    pub fn resize_over(&self, old: u64, new: u64) {
+        if new >= old {
+            self.used.fetch_add(new - old, Ordering::Relaxed);
+        } else {
+            self.used.fetch_sub(old - new, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether less than the limit is in use.
+    pub fn has_room(&self) -> bool {
+        self.used.load(Ordering::Relaxed) < self.limit
+    }
+
     /// Deletes staged file `id` of `size` bytes (uploaded, or unlinked).
     /// The data goes first: a crash in between leaves a record without
     /// data, which recovery drops.
