@@ -701,3 +701,77 @@ fn a_passthrough_writer_past_the_staging_limit_loses_nothing() {
     f.sync_all().unwrap();
     assert!(server().get(&b, "a.bin").unwrap() == big);
 }
+
+/// With a data cache, an uploaded file becomes an ordinary cached object:
+/// it is read after its upload, and after a remount on the same cache,
+/// with no GET (a large file and a small, packed one).
+#[test]
+fn uploaded_files_are_read_from_the_cache_without_a_get() {
+    let server = private_server();
+    let b = bucket_on(&server, "w-adopt");
+    let staging = TempDir::new("staging");
+    let cache = TempDir::new("cache");
+    let config = format!(
+        "[cache]\ndir = {:?}\nmin_free = 0\nmemory_size = 0\n",
+        cache.0.display().to_string()
+    );
+    let big = data(5 << 20, 21);
+    let small = data(9_000, 22);
+    // Files in the cache's object and pack directories.
+    let cached_files = || {
+        let mut n = 0;
+        let mut dirs = vec![cache.0.clone()];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else if p.to_string_lossy().contains("/objects/")
+                    || p.to_string_lossy().contains("/packs/")
+                {
+                    n += 1;
+                }
+            }
+        }
+        n
+    };
+    {
+        let m = rw(&server, &b, &staging.0, &config);
+        std::fs::write(m.p("big.bin"), &big).unwrap();
+        std::fs::write(m.p("small.json"), &small).unwrap();
+        wait_uploaded(&server, &b, "big.bin", &big, &m);
+        wait_uploaded(&server, &b, "small.json", &small, &m);
+        // Staging empties once each file is handed over and copied.
+        let empty = wait_for(Duration::from_secs(30), || {
+            std::fs::read_dir(&staging.0)
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .all(|e| {
+                    let n = e.file_name();
+                    let n = n.to_string_lossy();
+                    !n.ends_with(".data") && !n.ends_with(".uploaded")
+                })
+        });
+        assert!(empty.is_some(), "staging not emptied:\n{}", m.log());
+        assert!(cached_files() >= 2, "nothing in the cache:\n{}", m.log());
+        assert!(std::fs::read(m.p("big.bin")).unwrap() == big);
+        assert!(std::fs::read(m.p("small.json")).unwrap() == small);
+        assert_eq!(
+            server.request_count("GetObject"),
+            0,
+            "{:?}\n{}",
+            server.request_counts(),
+            m.log()
+        );
+    }
+    let m = MountSpec::new(&b).server(&server).config(&config).mount();
+    assert!(std::fs::read(m.p("big.bin")).unwrap() == big);
+    assert!(std::fs::read(m.p("small.json")).unwrap() == small);
+    assert_eq!(
+        server.request_count("GetObject"),
+        0,
+        "after a remount: {:?}\n{}",
+        server.request_counts(),
+        m.log()
+    );
+}

@@ -57,6 +57,7 @@ use crate::telemetry::metrics as m;
 use index::{Index, Obj, alloc_size};
 use pack::Packer;
 
+mod adopt;
 mod evict;
 pub mod health;
 pub use evict::statvfs;

@@ -14,7 +14,7 @@ pub mod disk;
 pub mod objfile;
 pub mod packfile;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -262,6 +262,14 @@ impl Cache {
     /// returned value lives.
     pub fn backing(self: &Arc<Self>, key: &str, etag: &str, size: u64) -> Option<Backing> {
         self.disk.backing(self.object_id(key, etag), size)
+    }
+
+    /// Takes a copy of local file `path` (`size` bytes, unchanged while
+    /// this runs) as the whole object `key` at `etag`, in the disk tier
+    /// ([`DiskCache::adopt_file`]): a file written on this mount is then an
+    /// ordinary cached object. Blocks on local disk.
+    pub fn adopt_file(self: &Arc<Self>, key: &str, etag: &str, size: u64, path: &Path) -> bool {
+        self.disk.adopt_file(self.object_id(key, etag), size, path)
     }
 
     /// Puts the whole object `key` at `etag` (`segs`, `size` bytes) into

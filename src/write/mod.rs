@@ -373,6 +373,7 @@ pub struct Uploaded {
 
 type OnUploaded = Box<dyn Fn(Uploaded) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 type OnHandedOver = Box<dyn Fn(&Uploaded) + Send + Sync>;
+type OnKept = Box<dyn Fn(Uploaded, std::path::PathBuf) + Send + Sync>;
 
 /// The write path of one mount.
 pub struct Writes<S> {
@@ -393,6 +394,7 @@ pub struct Writes<S> {
     stage_locks: KeyLocks,
     on_uploaded: OnceLock<OnUploaded>,
     on_handed_over: OnceLock<OnHandedOver>,
+    on_kept: OnceLock<OnKept>,
 }
 
 /// Async locks by key, created on first use and dropped with their last user.
@@ -456,6 +458,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
             stage_locks: KeyLocks::default(),
             on_uploaded: OnceLock::new(),
             on_handed_over: OnceLock::new(),
+            on_kept: OnceLock::new(),
         })
     }
 
@@ -473,6 +476,14 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     /// between: it must not call back into this value.
     pub fn on_handed_over(&self, f: impl Fn(&Uploaded) + Send + Sync + 'static) {
         let _ = self.on_handed_over.set(Box::new(f));
+    }
+
+    /// Calls `f` after each hand-over with the uploaded bytes: a hard link
+    /// of the staged data file, not counted in staging, that `f` takes (it
+    /// removes the path when done; one left by a crash is removed at the
+    /// next start). Without it the bytes go with the staged file.
+    pub fn on_kept(&self, f: impl Fn(Uploaded, std::path::PathBuf) + Send + Sync + 'static) {
+        let _ = self.on_kept.set(Box::new(f));
     }
 
     /// `write.max_copy_size`: the largest object one CopyObject copies, bytes.

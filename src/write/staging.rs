@@ -210,6 +210,21 @@ impl Staging {
         self.used.fetch_sub(size, Ordering::Relaxed);
     }
 
+    /// A second name for staged file `id`'s data, `<id>.uploaded` beside
+    /// it, for its bytes to outlive [`Self::remove`] (not counted in
+    /// [`Self::used`]). `None` when it cannot be made (logged).
+    pub fn set_aside(&self, id: u64) -> Option<PathBuf> {
+        let p = self.dir.join(format!("{id}{UPLOADED}"));
+        let _ = std::fs::remove_file(&p);
+        match std::fs::hard_link(self.data_path(id), &p) {
+            Ok(()) => Some(p),
+            Err(e) => {
+                tracing::warn!(path = %p.display(), "cannot keep an uploaded file's bytes: {e}");
+                None
+            }
+        }
+    }
+
     /// Deletes the record of staged file `id` (a record written again
     /// after the file was removed).
     pub fn remove_record(&self, id: u64) {
@@ -226,6 +241,12 @@ impl Staging {
     /// file (a crash while removing) is dropped; a data file without a
     /// record (a crash while creating: no byte of it was written yet) too.
     pub fn recover(&self) -> anyhow::Result<Vec<(u64, Record, File)>> {
+        // Uploaded bytes set aside (Self::set_aside): S3 has them.
+        for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().ends_with(UPLOADED) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
         let mut out = Vec::new();
         let mut ids = staged_ids(&self.dir)?;
         ids.sort_unstable();
@@ -268,6 +289,9 @@ impl Staging {
         Ok(out)
     }
 }
+
+/// Suffix of an uploaded file's data set aside ([`Staging::set_aside`]).
+const UPLOADED: &str = ".uploaded";
 
 /// Ids of the staged files (data or record) in `dir`.
 fn staged_ids(dir: &Path) -> anyhow::Result<Vec<u64>> {

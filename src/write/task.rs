@@ -380,7 +380,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         if let Some(cb) = self.on_uploaded.get() {
             cb(done.clone()).await;
         }
-        {
+        let kept = {
             let mut ov = self.ov.lock().unwrap();
             let mut st = f.st.lock().unwrap();
             if st.uploaded < st.version || st.writers > 0 || st.gone || st.key != done.key {
@@ -403,10 +403,18 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
                     ov.hidden.remove(k);
                 }
             }
+            let kept = self
+                .on_kept
+                .get()
+                .and_then(|_| self.staging.set_aside(f.id));
             self.staging.remove(f.id, st.size);
             if let Some(cb) = self.on_handed_over.get() {
                 cb(&done);
             }
+            kept
+        };
+        if let (Some(path), Some(cb)) = (kept, self.on_kept.get()) {
+            cb(done, path);
         }
         self.gauges();
         f.settled.notify_waiters();

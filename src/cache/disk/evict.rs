@@ -374,6 +374,9 @@ impl DiskCache {
                     if let Some(map) = self.check_map(obj, &bytes, None) {
                         maps.push((obj, map));
                     }
+                } else if name.ends_with(super::adopt::MAP_NEW) {
+                    // A copy in (DiskCache::adopt_file) cut off by a crash.
+                    let _ = std::fs::remove_file(f.path());
                 } else if let Some(obj) = parse_hex(name) {
                     // A data file whose map was never written: a crash between
                     // the two creates (the map comes first, so give it time).

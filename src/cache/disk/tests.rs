@@ -556,3 +556,45 @@ fn admitted_blocks_are_written_by_a_bounded_pool() {
         assert!(got == block(i), "block {i} differs");
     }
 }
+
+#[test]
+fn an_adopted_file_is_a_copy_read_like_any_cached_object() {
+    let d = tmpdir("adopt");
+    let c = DiskCache::open(&d, &cfg(&d, 5 * BS + 4096)).unwrap();
+    let src = d.join("written");
+    let bytes = [block(0), block(1), block(2)].concat();
+    std::fs::write(&src, &bytes).unwrap();
+    let size = 2 * BS + 100;
+    // The wrong size (the file changed meanwhile): refused.
+    assert!(!c.adopt_file(obj("k"), size, &src));
+    std::fs::write(&src, &bytes[..size as usize]).unwrap();
+    let o = obj("k");
+    assert!(c.adopt_file(o, size, &src));
+    // Held already: not taken twice.
+    assert!(!c.adopt_file(o, size, &src));
+    assert_eq!(c.read(pk(o, 0), size, BS).unwrap(), &block(0)[..]);
+    assert_eq!(c.read(pk(o, 2), size, 100).unwrap(), &block(2)[..100]);
+    use std::os::unix::fs::MetadataExt;
+    let (a, b) = (
+        std::fs::metadata(&src).unwrap(),
+        std::fs::metadata(c.data_path(o)).unwrap(),
+    );
+    assert_ne!((a.dev(), a.ino()), (b.dev(), b.ino()), "not a copy");
+    // Evicted like any object; the original is untouched.
+    age_all(&c);
+    fill(&c, obj("other"), 3);
+    assert!(!c.contains(pk(o, 0), size));
+    assert_eq!(std::fs::read(&src).unwrap(), &bytes[..size as usize]);
+    // No room without evicting what was read lately: refused, no file left.
+    let o2 = obj("k2");
+    assert!(!c.adopt_file(o2, size, &src));
+    assert!(!c.data_path(o2).exists() && !c.map_path(o2).exists());
+    // A restart finds an adopted object as it was left.
+    let o3 = obj("k3");
+    age_all(&c);
+    assert!(c.adopt_file(o3, size, &src));
+    drop(c);
+    let c = reopen(&d, 5 * BS + 4096);
+    assert_eq!(c.read(pk(o3, 1), size, BS).unwrap(), &block(1)[..]);
+    std::fs::remove_dir_all(&d).unwrap();
+}
