@@ -775,3 +775,93 @@ fn uploaded_files_are_read_from_the_cache_without_a_get() {
         m.log()
     );
 }
+
+/// A reader holding a written file open by passthrough across its upload
+/// keeps reading it, and meanwhile an O_TRUNC open or a truncate of that
+/// file is ETXTBSY and changes nothing, in S3 or on the mount. Once the
+/// reader closes, the same open works.
+#[test]
+fn changes_wait_for_a_passthrough_reader_of_an_uploaded_file() {
+    let b = bucket("w-pt-reader");
+    let staging = TempDir::new("staging");
+    let m = rw(server(), &b, &staging.0, "");
+    let body = data(3 << 20, 31);
+    std::fs::write(m.p("f.bin"), &body).unwrap();
+    let reader = std::fs::File::open(m.p("f.bin")).unwrap();
+    wait_uploaded(server(), &b, "f.bin", &body, &m);
+    let handed_over = wait_for(Duration::from_secs(30), || staged(&staging.0).is_empty());
+    assert!(handed_over.is_some(), "still staged:\n{}", m.log());
+    let r = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(m.p("f.bin"));
+    assert_errno(r.map(drop), libc::ETXTBSY, "O_TRUNC open beside the reader");
+    let r = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.p("f.bin"))
+        .and_then(|f| f.set_len(0));
+    assert_errno(r, libc::ETXTBSY, "open for writing beside the reader");
+    let r = nix_truncate(&m.p("f.bin"));
+    assert_errno(r, libc::ETXTBSY, "truncate beside the reader");
+    let mut got = vec![0u8; body.len()];
+    reader.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == body, "the reader's bytes changed");
+    assert!(server().get(&b, "f.bin").unwrap()[..] == body[..]);
+    assert!(std::fs::read(m.p("f.bin")).unwrap() == body);
+    drop(reader);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(m.p("f.bin"))
+        .unwrap();
+    f.write_all(b"new").unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(server().get(&b, "f.bin").unwrap(), b"new".to_vec());
+}
+
+/// truncate(2) of `path` to 0 bytes.
+fn nix_truncate(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::truncate(c.as_ptr(), 0) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// In-place changes that keep a passthrough-written file's size are
+/// uploaded: a patch right after an object is opened for writing, and a
+/// patch between two fsyncs.
+#[test]
+fn same_size_patches_by_passthrough_are_uploaded() {
+    let b = bucket("w-pt-patch");
+    let mut want = data(2 << 20, 41);
+    server().put(&b, "obj.bin", want.clone());
+    let staging = TempDir::new("staging");
+    let m = rw(server(), &b, &staging.0, "");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.p("obj.bin"))
+        .unwrap();
+    f.write_all_at(b"AB", 10).unwrap();
+    want[10..12].copy_from_slice(b"AB");
+    drop(f);
+    wait_uploaded(server(), &b, "obj.bin", &want, &m);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.p("obj.bin"))
+        .unwrap();
+    f.write_all_at(b"CD", 100).unwrap();
+    want[100..102].copy_from_slice(b"CD");
+    f.sync_all().unwrap();
+    assert!(server().get(&b, "obj.bin").unwrap()[..] == want[..]);
+    f.write_all_at(b"EF", 100).unwrap();
+    want[100..102].copy_from_slice(b"EF");
+    f.sync_all().unwrap();
+    assert!(server().get(&b, "obj.bin").unwrap()[..] == want[..]);
+    drop(f);
+}

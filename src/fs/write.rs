@@ -190,18 +190,27 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         }
     }
 
+    /// The data file of the file staged under `ino`'s name now, if any.
+    pub fn staged_data_file(&self, ino: u64) -> Option<Arc<std::fs::File>> {
+        let key = self.meta.inodes.get(ino)?.key;
+        Some(self.writes.as_ref()?.staged(&key)?.data_file().clone())
+    }
+
     /// Stat of the staged file open as `fh`, when it is one (fstat of a
     /// file unlinked while open still answers).
     pub fn local_stat(&self, ino: u64, fh: u64) -> Option<Stat> {
-        self.writes.as_ref()?;
+        let w = self.writes.as_ref()?;
         let f = self.local_files.lock().unwrap().get(&fh)?.file.clone();
+        w.sync_passthrough(&f);
         Some(self.staged_stat(ino, &f.attr()))
     }
 
     /// `attr` as the staged file at its key shows it now, when `attr` is
     /// that staged file's inode.
     pub(super) fn staged_attr(&self, attr: &Attr) -> Option<Attr> {
-        let f = self.writes.as_ref()?.staged(&attr.key)?;
+        let w = self.writes.as_ref()?;
+        let f = w.staged(&attr.key)?;
+        w.sync_passthrough(&f);
         let a = f.attr();
         (a.etag == attr.etag).then(|| Attr {
             size: a.size,

@@ -84,7 +84,7 @@ struct Shared {
     id: Arc<BackingId>,
     /// A cached object's: keeps it in the data cache (not evicted) while it
     /// is open. `None` for a staged file's data file.
-    pin: Option<crate::cache::Backing>,
+    _pin: Option<crate::cache::Backing>,
     /// A staged file's data file: which staged file the inode's opens share.
     staged: Option<Arc<std::fs::File>>,
 }
@@ -114,7 +114,7 @@ pub struct FuseFs<S> {
     /// with a cache; `write.passthrough` on a writable mount).
     want_passthrough: Passthrough,
     /// Passthrough was negotiated at init and backing files can be opened.
-    passthrough: Arc<AtomicBool>,
+    passthrough: Arc<PassthroughOn>,
     io: Arc<Mutex<IoModes>>,
     /// Files of at least this many bytes are opened with FOPEN_DIRECT_IO
     /// (`read.direct_io_min_size`); 0 when off, or when the kernel cannot
@@ -138,7 +138,7 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
             fs,
             rt,
             want_passthrough: passthrough,
-            passthrough: Arc::new(AtomicBool::new(false)),
+            passthrough: Arc::new(PassthroughOn::default()),
             io: Arc::new(Mutex::new(IoModes::default())),
             direct_io_min_size,
         }
@@ -170,24 +170,35 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
     }
 }
 
-impl<S> FuseFs<S> {
-    /// Whether `ino` has FUSE passthrough opens of a cached object now.
-    fn cached_passthrough_open(&self, ino: u64) -> bool {
-        self.io
-            .lock()
-            .unwrap()
-            .inodes
-            .get(&ino)
-            .is_some_and(|e| e.backing.as_ref().is_some_and(|b| b.pin.is_some()))
+impl<S: ObjectStore + WriteStore> FuseFs<S> {
+    /// Whether an open for writing (or a truncate) of `ino` would need
+    /// another backing file than the one its passthrough opens share: a
+    /// cached object's, or a staged file's that is no longer the one staged
+    /// under its name (uploaded since). Such a change is refused (ETXTBSY)
+    /// before staging touches anything.
+    fn write_conflicts(&self, ino: u64) -> bool {
+        let shared = {
+            let io = self.io.lock().unwrap();
+            match io.inodes.get(&ino).and_then(|e| e.backing.as_ref()) {
+                None => return false,
+                Some(b) => b.staged.clone(),
+            }
+        };
+        match (shared, self.fs.staged_data_file(ino)) {
+            (Some(mine), Some(now)) => !Arc::ptr_eq(&mine, &now),
+            _ => true,
+        }
     }
+}
 
+impl<S> FuseFs<S> {
     /// What may be served by passthrough now: what was asked, once the
     /// kernel agreed at init.
     fn passthrough_now(&self) -> Passthrough {
-        if self.passthrough.load(Ordering::Relaxed) {
-            self.want_passthrough
-        } else {
-            Passthrough::default()
+        let on = &self.passthrough;
+        Passthrough {
+            cached: self.want_passthrough.cached && on.cached.load(Ordering::Relaxed),
+            staged: self.want_passthrough.staged && on.staged.load(Ordering::Relaxed),
         }
     }
 }
@@ -284,7 +295,9 @@ enum Served {
     Passthrough(Arc<BackingId>),
     /// The inode's passthrough opens are of another file: this open cannot
     /// join them, nor be served by lakemount beside them (the kernel would
-    /// fail it with EIO, `fuse_file_io_open` in fs/fuse/iomode.c). EBUSY.
+    /// fail it with EIO, `fuse_file_io_open` in fs/fuse/iomode.c). ETXTBSY.
+    /// Writers are refused before they stage anything
+    /// ([`FuseFs::write_conflicts`]); this is the answer to a race with it.
     Busy,
 }
 
@@ -297,7 +310,7 @@ fn choose_mode<S: ObjectStore + WriteStore>(
     ino: u64,
     o: &mut crate::fs::Opened,
     io: &Mutex<IoModes>,
-    passthrough: &AtomicBool,
+    on: &PassthroughOn,
     open_backing: impl FnOnce(&std::fs::File) -> std::io::Result<BackingId>,
 ) -> Served {
     let mut st = io.lock().unwrap();
@@ -307,11 +320,11 @@ fn choose_mode<S: ObjectStore + WriteStore>(
     let shared = match (&e.backing, o.local) {
         _ if e.daemon > 0 => None,
         (None, false) => cached.and_then(|b| {
-            let id = registered(open_backing(&b.file), passthrough)?;
+            let id = registered(open_backing(&b.file), &on.cached, "cache")?;
             Some(e.share(id, Some(b), None))
         }),
         (None, true) => staged.filter(|s| s.may_start).and_then(|s| {
-            let id = registered(open_backing(&s.file), passthrough)?;
+            let id = registered(open_backing(&s.file), &on.staged, "staging")?;
             Some(e.share(id, None, Some(s.file)))
         }),
         // One inode is one object version: its cached file, or the staged
@@ -376,11 +389,11 @@ fn open_reply<S: ObjectStore + WriteStore>(
     ino: u64,
     mut o: crate::fs::Opened,
     io: &Mutex<IoModes>,
-    passthrough: &AtomicBool,
+    on: &PassthroughOn,
     direct_io_min_size: u64,
 ) {
     let fh = FileHandle(o.fh);
-    match choose_mode(fs, ino, &mut o, io, passthrough, |f| reply.open_backing(f)) {
+    match choose_mode(fs, ino, &mut o, io, on, |f| reply.open_backing(f)) {
         Served::Passthrough(id) => reply.opened_passthrough(fh, FopenFlags::empty(), &id),
         Served::Daemon => reply.opened(fh, daemon_flags(&o, direct_io_min_size)),
         Served::Busy => reply.error(errno("open", &FsError::Busy)),
@@ -389,8 +402,8 @@ fn open_reply<S: ObjectStore + WriteStore>(
 
 /// The backing id of a registered backing file, or `None` (said by
 /// [`backing_failed`]) when it could not be.
-fn registered(r: std::io::Result<BackingId>, passthrough: &AtomicBool) -> Option<Arc<BackingId>> {
-    r.map_err(|err| backing_failed(&err, passthrough))
+fn registered(r: std::io::Result<BackingId>, on: &AtomicBool, dir: &str) -> Option<Arc<BackingId>> {
+    r.map_err(|err| backing_failed(&err, on, dir))
         .ok()
         .map(Arc::new)
 }
@@ -405,7 +418,7 @@ impl InodeIo {
     ) -> Arc<BackingId> {
         self.backing = Some(Shared {
             id: id.clone(),
-            pin,
+            _pin: pin,
             staged,
         });
         id
@@ -414,21 +427,33 @@ impl InodeIo {
 
 /// A backing file could not be registered (`FUSE_DEV_IOC_BACKING_OPEN`): this
 /// open reads through lakemount. Unless the cause is passing (out of file
-/// descriptors or memory), passthrough is turned off for the mount, said once.
-fn backing_failed(err: &std::io::Error, passthrough: &AtomicBool) {
+/// descriptors or memory), passthrough of files of that directory (`dir`:
+/// cache, staging) is turned off for the mount, said once.
+fn backing_failed(err: &std::io::Error, on: &AtomicBool, dir: &str) {
     let passing = matches!(
         err.raw_os_error(),
         Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
     );
     if passing {
         debug!("FUSE passthrough not possible for this open ({err}): read through lakemount");
-    } else if passthrough.swap(false, Ordering::Relaxed) {
+    } else if on.swap(false, Ordering::Relaxed) {
         info!(
-            "FUSE passthrough unavailable ({err}; it needs CAP_SYS_ADMIN, and the cache \
-             directory on a local file system that is not itself stacked, e.g. not \
-             overlayfs): cached files are served through lakemount"
+            "FUSE passthrough unavailable for the {dir} directory's files ({err}; it needs \
+             CAP_SYS_ADMIN, and the directory on a local file system that is not itself \
+             stacked, e.g. not overlayfs): they are served through lakemount"
         );
     }
+}
+
+/// Which kinds of FUSE passthrough are in force: both set at init when the
+/// kernel agrees; each turned off for good when its backing files cannot be
+/// registered (its directory on a stacked file system, say).
+#[derive(Default)]
+struct PassthroughOn {
+    /// Fully cached files.
+    cached: AtomicBool,
+    /// Staged files.
+    staged: AtomicBool,
 }
 
 impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
@@ -483,7 +508,8 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
             // (FILESYSTEM_MAX_STACK_DEPTH is 2, include/linux/fs.h).
             match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
                 Ok(()) if config.set_max_stack_depth(1).is_ok() => {
-                    self.passthrough.store(true, Ordering::Relaxed);
+                    self.passthrough.cached.store(true, Ordering::Relaxed);
+                    self.passthrough.staged.store(true, Ordering::Relaxed);
                     debug!(want = ?self.want_passthrough, "FUSE passthrough on");
                 }
                 _ => info!(
@@ -542,9 +568,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         let truncate = flags.0 & libc::O_TRUNC != 0;
-        if write && self.cached_passthrough_open(ino.0) {
-            // The kernel would fail the open of a staged file while
-            // passthrough opens of the object's cached file exist.
+        if write && self.write_conflicts(ino.0) {
             return reply.error(errno("open", &FsError::Busy));
         }
         // Answered here, on the session thread, when the attributes are
@@ -912,7 +936,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         if !self.fs.writable() {
             return reply.error(errno("setattr", &FsError::ReadOnly));
         }
-        if size.is_some() && self.cached_passthrough_open(ino.0) {
+        if size.is_some() && self.write_conflicts(ino.0) {
             return reply.error(errno("setattr", &FsError::Busy));
         }
         let mtime = mtime.map(|t| match t {

@@ -871,11 +871,13 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     }
 
     /// A passthrough writer of `f` closed: its writes are taken in, then as
-    /// [`Self::close_writer`].
+    /// [`Self::close_writer`]. The file counts as changed whatever its stamp
+    /// says: a write in the same clock tick as the last look, or one the
+    /// kernel finished after an fsync looked, leaves the stamp as it was.
     pub fn close_passthrough_writer(self: &Arc<Self>, f: &Arc<Staged>) {
         {
             let mut st = f.st.lock().unwrap();
-            self.sync_locked(f, &mut st);
+            self.sync_locked(f, &mut st, true);
             st.pt_writers = st.pt_writers.saturating_sub(1);
             if st.pt_writers == 0 {
                 st.pt_seen = None;
@@ -884,16 +886,18 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         self.close_writer(f);
     }
 
-    /// Takes in what passthrough writers did to `f`'s data file: a change
-    /// of size or times is a new version, every part of it written. Growth
-    /// is accounted in staging even past its limit (the kernel has written
-    /// it already). A no-op without passthrough writers.
+    /// Takes in what passthrough writers did to `f`'s data file so far (a
+    /// getattr looks): its size is accounted in staging, even past its limit
+    /// (the kernel has written it already), and a change of size or times is
+    /// a new version. A no-op without passthrough writers.
     pub fn sync_passthrough(&self, f: &Staged) {
         let mut st = f.st.lock().unwrap();
-        self.sync_locked(f, &mut st);
+        self.sync_locked(f, &mut st, false);
     }
 
-    fn sync_locked(&self, f: &Staged, st: &mut State) {
+    /// [`Self::sync_passthrough`] under `f`'s lock; with `force`, a new
+    /// version even when the stamp is unchanged (close, fsync).
+    fn sync_locked(&self, f: &Staged, st: &mut State, force: bool) {
         if st.pt_writers == 0 {
             return;
         }
@@ -904,7 +908,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
                 return;
             }
         };
-        if st.pt_seen == Some(now) {
+        if st.pt_seen == Some(now) && !force {
             return;
         }
         st.pt_seen = Some(now);
@@ -997,7 +1001,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
 
     fn set_len(&self, f: &Staged, st: &mut State, size: u64) -> Result<(), WriteError> {
         // Accounted from the size the file has now.
-        self.sync_locked(f, st);
+        self.sync_locked(f, st, false);
         let counted = !st.gone;
         if counted {
             self.staging.resize(st.size, size)?;
@@ -1027,7 +1031,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     pub async fn fsync(self: &Arc<Self>, f: &Arc<Staged>) -> Result<(), WriteError> {
         let target = {
             let mut st = f.st.lock().unwrap();
-            self.sync_locked(f, &mut st);
+            self.sync_locked(f, &mut st, true);
             if st.gone || st.uploaded >= st.version {
                 return Ok(());
             }

@@ -11,7 +11,7 @@ use std::time::SystemTime;
 
 use tracing::debug;
 
-use super::index::alloc_size;
+use super::index::{Obj, alloc_size};
 use super::objfile::{self, Header, Rec};
 use super::{DiskCache, mkdir, unix_secs};
 use crate::cache::{ObjectId, PieceKey};
@@ -61,6 +61,18 @@ impl DiskCache {
             return false;
         };
         self.remove_victims(victims);
+        {
+            // Held while the files are made: a read's block write skips a
+            // removing object, so it neither joins nor races the copy.
+            let mut ix = self.index.lock().unwrap();
+            if ix.objects.contains_key(&obj) {
+                return false;
+            }
+            let mut o = Obj::new(size, blocks);
+            o.removing = 1;
+            ix.total += o.map_alloc;
+            ix.objects.insert(obj, o);
+        }
         let data = self.data_path(obj);
         let map_path = self.map_path(obj);
         let tmp = map_path.with_extension(MAP_NEW);
@@ -80,6 +92,12 @@ impl DiskCache {
             }
             r
         })();
+        {
+            let mut ix = self.index.lock().unwrap();
+            if let Some(o) = ix.objects.remove(&obj) {
+                ix.total -= o.map_alloc;
+            }
+        }
         match r {
             Ok(()) => {
                 // Indexed as a restart would find it.

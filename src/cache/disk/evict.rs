@@ -375,8 +375,15 @@ impl DiskCache {
                         maps.push((obj, map));
                     }
                 } else if name.ends_with(super::adopt::MAP_NEW) {
-                    // A copy in (DiskCache::adopt_file) cut off by a crash.
-                    let _ = std::fs::remove_file(f.path());
+                    // A copy in (DiskCache::adopt_file) cut off by a crash,
+                    // unless one is running now.
+                    let old = f
+                        .metadata()
+                        .and_then(|md| md.modified())
+                        .is_ok_and(|t| now.duration_since(t).unwrap_or_default() > ORPHAN_AGE);
+                    if old {
+                        let _ = std::fs::remove_file(f.path());
+                    }
                 } else if let Some(obj) = parse_hex(name) {
                     // A data file whose map was never written: a crash between
                     // the two creates (the map comes first, so give it time).
