@@ -344,12 +344,14 @@ class MemServer:
     raw-GET limit is the client's, not the server's. The data set is uploaded
     at every start (nothing persists). Same interface as Garage."""
 
-    def __init__(self, bench_dir, binary, port_base, ttfb_ms=0.0):
+    def __init__(self, bench_dir, binary, port_base, ttfb_ms=0.0, tls=False):
         self.dir = os.path.join(bench_dir, "memserver")
         self.ttfb_ms = ttfb_ms  # emulated time to first byte of every read request (--ttfb-ms)
+        self.tls = tls  # HTTPS with a CA of its own (--tls); its PEM file is self.ca once started
+        self.ca = None
         self.binary = binary
         self.s3_port, self.stats_port = port_base + 10, port_base + 13
-        self.endpoint = f"http://127.0.0.1:{self.s3_port}"
+        self.endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{self.s3_port}"
         self.region = "us-east-1"
         self.key_id = self.secret = None
         self.proc = None
@@ -366,6 +368,8 @@ class MemServer:
             args += ["--bucket", b]
         if self.ttfb_ms:
             args += ["--ttfb-ms", f"{self.ttfb_ms:g}"]
+        if self.tls:
+            args.append("--tls")
         logf = open(os.path.join(self.dir, "server.log"), "a")
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=logf, text=True, start_new_session=True)
         info = {}
@@ -377,6 +381,9 @@ class MemServer:
         if "access_key" not in info:
             raise RuntimeError(f"lakemount-testserver did not start; see {self.dir}/server.log")
         self.key_id, self.secret, self.region = info["access_key"], info["secret_key"], info["region"]
+        self.ca = info.get("ca")
+        if self.tls and not self.ca:
+            raise RuntimeError(f"lakemount-testserver --tls printed no ca=; see {self.dir}/server.log")
         log(f"in-memory S3 server up at {self.endpoint} (pid {self.proc.pid})")
 
     def bucket(self, name):
@@ -402,7 +409,8 @@ class MemServer:
 def make_server(a, preload=None):
     """The S3 server of this run, per --server."""
     if a.server == "memory":
-        return MemServer(a.bench_dir, a.memserver, a.port_base, getattr(a, "ttfb_ms", 0.0) or 0.0)
+        return MemServer(a.bench_dir, a.memserver, a.port_base, getattr(a, "ttfb_ms", 0.0) or 0.0,
+                         getattr(a, "tls", False))
     return Garage(a.bench_dir, a.garage, a.port_base, preload)
 
 
@@ -491,8 +499,11 @@ def link_text(link):
 
 def s3_env(g):
     env = dict(os.environ)
-    # AWS_CA_BUNDLE breaks some clients (rclone) on plain-http loopback; nobody here needs it.
+    # AWS_CA_BUNDLE breaks some clients (rclone) on plain-http loopback; over HTTPS
+    # (--tls) it is the server's own CA, for lakemount and rawget.
     env.pop("AWS_CA_BUNDLE", None)
+    if getattr(g, "ca", None):
+        env["AWS_CA_BUNDLE"] = g.ca
     env.update(AWS_ACCESS_KEY_ID=g.key_id, AWS_SECRET_ACCESS_KEY=g.secret, AWS_REGION=g.region,
                AWS_ENDPOINT_URL=g.endpoint)
     return env
@@ -767,6 +778,8 @@ def mount_factory(name, a, g, bucket, write_secrets=True):
             cache = os.path.join(a.bench_dir, "rclone-cache")
             extra = ["--vfs-cache-mode", "full", "--cache-dir", cache, "--vfs-cache-max-size", "20G",
                      "--vfs-read-ahead", "128M", "--vfs-fast-fingerprint"]
+        if getattr(g, "ca", None):
+            extra += ["--ca-cert", g.ca]
         cmd = ["rclone", "mount", f"bench:{bucket}", mnt, *common, *extra]
         shown = f"RCLONE_CONFIG_BENCH_*=(s3, Other, endpoint, region {g.region}, path style) " + " ".join(cmd)
 
@@ -795,6 +808,8 @@ def mount_factory(name, a, g, bucket, write_secrets=True):
             "enable_noobj_cache",
             "dbglevel=warn",
         ])
+        if getattr(g, "ca", None):
+            env["CURL_CA_BUNDLE"] = g.ca  # libcurl's CA file, which s3fs reads from the environment
         cmd = ["s3fs", bucket, mnt, "-f", "-o", opts]
         shown = " ".join(cmd).replace(pw, "PASSWD_FILE")
         return (lambda: Mount(name, cmd, env, mnt, logpath, shown)), None
@@ -805,6 +820,8 @@ def mount_factory(name, a, g, bucket, write_secrets=True):
         # --metadata-ttl indefinite: Mountpoint's documented setting for a bucket that does
         # not change while mounted (its default re-checks S3 on every lookup and open), as
         # rclone gets --dir-cache-time 1h and s3fs stat_cache_expire=3600.
+        if getattr(g, "ca", None):
+            env["SSL_CERT_FILE"] = g.ca  # the CRT's TLS (s2n) has no CA-bundle option of Mountpoint's
         cmd = [binary, bucket, mnt, "--foreground", "--read-only", "--endpoint-url", g.endpoint,
                "--region", g.region, "--force-path-style", "--metadata-ttl", "indefinite"]
         shown = "AWS_ACCESS_KEY_ID=.. AWS_SECRET_ACCESS_KEY=.. " + " ".join(cmd).replace(HERE + "/", "bench/")
@@ -1123,6 +1140,10 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
     else:
         L.append("- Link: unlimited loopback (no emulation): the raw-GET limit is the in-memory server and "
                  "loopback memory bandwidth.")
+    if link.get("tls"):
+        L.append("- **HTTPS** (`--tls`): the in-memory server speaks TLS with a CA of its own (a fresh one per "
+                 "start); lakemount and rawget get it as `AWS_CA_BUNDLE` (the same hyper + rustls/aws-lc stack), "
+                 "rclone as `--ca-cert`, s3fs as `CURL_CA_BUNDLE`, Mountpoint as `SSL_CERT_FILE`.")
     L.append("- Versions:")
     for k, v in ver.items():
         L.append(f"  - {k}: {v}")
@@ -1302,7 +1323,7 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
     L.append("# server")
     if isinstance(ctx["garage"], MemServer):
         srv = ctx["garage"]
-        ttfb = f" --ttfb-ms {srv.ttfb_ms:g}" if srv.ttfb_ms else ""
+        ttfb = (f" --ttfb-ms {srv.ttfb_ms:g}" if srv.ttfb_ms else "") + (" --tls" if srv.tls else "")
         L.append(f"target/release/lakemount-testserver --port {srv.s3_port} --stats-port {srv.stats_port} "
                  f"--bucket lakebench-full --bucket lakebench-quick{ttfb}"
                  "   # in memory; the data set is uploaded by `rawget put` at every start")
@@ -1355,9 +1376,10 @@ def write_results(path, ctx, table, workloads, systems, skipped, started, finish
             L.append(f"[^{i}]: {n}")
         L.append("")
     lt = link_text(ctx.get("link"))
-    save_section(path, "harness-link" if lt else "harness",
-                 f"Mounts against the raw-GET limit{' of an emulated ' + lt + ' link' if lt else ''} "
-                 f"({ctx['mode_name']} run, {started:%Y-%m-%d})",
+    tls = (ctx.get("link") or {}).get("tls")
+    save_section(path, ("harness-link" if lt else "harness") + ("-https" if tls else ""),
+                 f"Mounts against the raw-GET limit{' of an emulated ' + lt + ' link' if lt else ''}"
+                 f"{' over HTTPS' if tls else ''} ({ctx['mode_name']} run, {started:%Y-%m-%d})",
                  "\n".join(L).split("\n"))
 
 
@@ -1430,6 +1452,9 @@ def main():
     p.add_argument("--ttfb-ms", type=float, default=0.0, metavar="T",
                    help="emulated time to first byte of every GET/HEAD/LIST, ms (in-memory server only). "
                         "0: none (default)")
+    p.add_argument("--tls", action="store_true",
+                   help="serve S3 over HTTPS with a CA of the server's own (in-memory server only); every "
+                        "client is given the CA (AWS_CA_BUNDLE, rclone --ca-cert, CURL_CA_BUNDLE for s3fs)")
     p.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"))
     p.add_argument("--report", metavar="RAW_JSON",
                    help="only rewrite RESULTS.md from the raw runs of an earlier run ($BENCH_DIR/results/*.json)")
@@ -1440,6 +1465,8 @@ def main():
         p.error("--link-gbit and --ttfb-ms must be >= 0")
     if a.ttfb_ms and a.server != "memory":
         p.error("--ttfb-ms needs the in-memory server (--server memory)")
+    if a.tls and a.server != "memory":
+        p.error("--tls needs the in-memory server (--server memory)")
     a.bench_dir = os.path.abspath(a.bench_dir)
     if a.bench_dir.startswith(REPO + os.sep):
         p.error(f"--bench-dir {a.bench_dir} is inside the checkout; keep the data outside it")
@@ -1476,7 +1503,7 @@ def main():
     if not preload and a.server == "garage":
         log("WARNING: no TCP_NODELAY shim for Garage: small GETs will stall 40 ms each (see bench/nodelay/nodelay.c)")
     g = make_server(a, preload)
-    link = {"gbit": a.link_gbit, "ttfb_ms": a.ttfb_ms}
+    link = {"gbit": a.link_gbit, "ttfb_ms": a.ttfb_ms, "tls": a.tls}
     shaper = LinkShaper(g.s3_port, a.link_gbit) if a.link_gbit else None
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = loadavg()

@@ -215,7 +215,7 @@ impl TestServer {
     /// multi-thread tokio runtime on a background thread, for sync callers (and
     /// for async tests that want the server independent of their runtime).
     pub fn start_background() -> io::Result<TestServer> {
-        let l = Self::background(None)?;
+        let l = Self::background(loopback(), None)?;
         Ok(Self::from_launched(l, "http", None))
     }
 
@@ -224,8 +224,14 @@ impl TestServer {
     /// `127.0.0.1`, `::1` and `localhost` and is signed by a CA generated at start;
     /// the returned path is a PEM file of that CA, removed when the server stops.
     pub fn start_tls_background() -> io::Result<(TestServer, PathBuf)> {
+        Self::start_tls_background_on(loopback())
+    }
+
+    /// [`start_tls_background`](Self::start_tls_background) on `addr`
+    /// (port 0: a random one).
+    pub fn start_tls_background_on(addr: SocketAddr) -> io::Result<(TestServer, PathBuf)> {
         let (acceptor, ca_pem) = tls::make_acceptor()?;
-        let l = Self::background(Some(acceptor))?;
+        let l = Self::background(addr, Some(acceptor))?;
         let path = std::env::temp_dir().join(format!(
             "lakemount-testserver-ca-{}-{}.pem",
             std::process::id(),
@@ -239,7 +245,7 @@ impl TestServer {
 
     /// Runs [`launch`] on a new multi-thread runtime owned by a background thread
     /// that lives until shutdown.
-    fn background(tls: Option<TlsAcceptor>) -> io::Result<Launched> {
+    fn background(addr: SocketAddr, tls: Option<TlsAcceptor>) -> io::Result<Launched> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("lakemount-testserver")
@@ -250,7 +256,7 @@ impl TestServer {
             .name("lakemount-testserver-main".into())
             .spawn(move || {
                 rt.block_on(async move {
-                    match launch(loopback(), tls).await {
+                    match launch(addr, tls).await {
                         Ok(l) => {
                             let mut stop = l.shutdown.subscribe();
                             let _ = tx.send(Ok(l));

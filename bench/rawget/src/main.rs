@@ -28,6 +28,7 @@
 //! S3 commands take `--endpoint URL` (else `AWS_ENDPOINT_URL`) and `--region R`
 //! (else `AWS_REGION`, else `us-east-1`); credentials come from the usual AWS
 //! chain (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`). Path-style addressing.
+//! An HTTPS endpoint with its own CA: `AWS_CA_BUNDLE` (a PEM file), as lakemount.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -105,14 +106,18 @@ impl Opts {
     }
     fn num(&self, name: &str, default: Option<u64>) -> Result<u64> {
         match (self.0.get(name), default) {
-            (Some(v), _) => Ok(v.parse().map_err(|_| format!("--{name}: not a number: {v}"))?),
+            (Some(v), _) => Ok(v
+                .parse()
+                .map_err(|_| format!("--{name}: not a number: {v}"))?),
             (None, Some(d)) => Ok(d),
             (None, None) => Err(format!("missing --{name}").into()),
         }
     }
     fn secs(&self, name: &str, default: f64) -> Result<Duration> {
         let v = match self.0.get(name) {
-            Some(v) => v.parse().map_err(|_| format!("--{name}: not a number: {v}"))?,
+            Some(v) => v
+                .parse()
+                .map_err(|_| format!("--{name}: not a number: {v}"))?,
             None => default,
         };
         Ok(Duration::from_secs_f64(v))
@@ -171,7 +176,11 @@ fn tar_header(name: &str, size: u64) -> [u8; 512] {
     put(&mut h, 108, b"0001750\0");
     put(&mut h, 116, b"0001750\0");
     put(&mut h, 124, format!("{size:011o}\0").as_bytes());
-    put(&mut h, 136, format!("{:011o}\0", 1_700_000_000u64).as_bytes());
+    put(
+        &mut h,
+        136,
+        format!("{:011o}\0", 1_700_000_000u64).as_bytes(),
+    );
     put(&mut h, 148, b"        ");
     h[156] = b'0';
     put(&mut h, 257, b"ustar\0");
@@ -258,7 +267,10 @@ fn gen_files(o: &Opts) -> Result<()> {
         let size = min + rng.below(max - min + 1);
         files += 1;
         bytes += size;
-        if std::fs::metadata(&path).map(|m| m.len() == size).unwrap_or(false) {
+        if std::fs::metadata(&path)
+            .map(|m| m.len() == size)
+            .unwrap_or(false)
+        {
             return Ok(());
         }
         rng.fill(&mut buf[..size as usize]);
@@ -288,15 +300,35 @@ fn gen_files(o: &Opts) -> Result<()> {
 // ---------------------------------------------------------------- S3
 
 async fn client(o: &Opts) -> Result<aws_sdk_s3::Client> {
-    let region = o
-        .0
-        .get("region")
-        .cloned()
-        .or_else(|| std::env::var("AWS_REGION").ok())
-        .unwrap_or_else(|| "us-east-1".into());
+    let region =
+        o.0.get("region")
+            .cloned()
+            .or_else(|| std::env::var("AWS_REGION").ok())
+            .unwrap_or_else(|| "us-east-1".into());
     let mut loader = aws_config::defaults(BehaviorVersion::latest()).region(Region::new(region));
     if let Some(ep) = o.0.get("endpoint") {
         loader = loader.endpoint_url(ep);
+    }
+    // AWS_CA_BUNDLE as lakemount reads it (an HTTPS endpoint with its own
+    // CA), with the same HTTP client and TLS stack.
+    if let Some(path) = std::env::var_os("AWS_CA_BUNDLE").filter(|p| !p.is_empty()) {
+        use aws_smithy_http_client::tls::{
+            self, TlsContext, TrustStore, rustls_provider::CryptoMode,
+        };
+        let pem = std::fs::read(&path).map_err(|e| err("reading AWS_CA_BUNDLE", e))?;
+        let trust = TrustStore::empty()
+            .with_native_roots(false)
+            .with_pem_certificate(pem);
+        let ctx = TlsContext::builder()
+            .with_trust_store(trust)
+            .build()
+            .map_err(|e| err("AWS_CA_BUNDLE", e))?;
+        loader = loader.http_client(
+            aws_smithy_http_client::Builder::new()
+                .tls_provider(tls::Provider::Rustls(CryptoMode::AwsLc))
+                .tls_context(ctx)
+                .build_https(),
+        );
     }
     let sdk = loader.load().await;
     // No checksums computed or validated on our side: lakemount's ranged GETs are
@@ -341,7 +373,13 @@ async fn mpu(o: &Opts) -> Result<()> {
     let mut tasks = Vec::new();
     for i in 0..n {
         let permit = sem.clone().acquire_owned().await?;
-        let (s3, bucket, key, id, file) = (s3.clone(), bucket.clone(), key.clone(), id.clone(), file.clone());
+        let (s3, bucket, key, id, file) = (
+            s3.clone(),
+            bucket.clone(),
+            key.clone(),
+            id.clone(),
+            file.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let off = i * part;
             let len = part.min(size - off) as usize;
@@ -412,7 +450,10 @@ async fn wait(o: &Opts) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    println!("{{\"cmd\":\"wait\",\"secs\":{:.3}}}", start.elapsed().as_secs_f64());
+    println!(
+        "{{\"cmd\":\"wait\",\"secs\":{:.3}}}",
+        start.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -446,8 +487,14 @@ async fn put(o: &Opts) -> Result<()> {
         tasks.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(path) = files.get(i) else { return Ok::<(), Box<dyn std::error::Error + Send + Sync>>(()) };
-                let rel = path.strip_prefix(&dir).unwrap().to_string_lossy().replace('\\', "/");
+                let Some(path) = files.get(i) else {
+                    return Ok::<(), Box<dyn std::error::Error + Send + Sync>>(());
+                };
+                let rel = path
+                    .strip_prefix(&dir)
+                    .unwrap()
+                    .to_string_lossy()
+                    .replace('\\', "/");
                 let key = format!("{prefix}{rel}");
                 let len = std::fs::metadata(path)?.len();
                 let mut attempt = 0;
@@ -477,7 +524,11 @@ async fn put(o: &Opts) -> Result<()> {
                 bytes.fetch_add(len, Ordering::Relaxed);
                 let n = done.fetch_add(1, Ordering::Relaxed) + 1;
                 if n % 20000 == 0 {
-                    eprintln!("rawget put: {n}/{} objects, {:.0} s", files.len(), start.elapsed().as_secs_f64());
+                    eprintln!(
+                        "rawget put: {n}/{} objects, {:.0} s",
+                        files.len(),
+                        start.elapsed().as_secs_f64()
+                    );
                 }
             }
         }));
@@ -497,7 +548,9 @@ async fn put(o: &Opts) -> Result<()> {
 
 async fn reopen(path: &Path, len: u64) -> Result<ByteStream> {
     if len > (16 << 20) {
-        Ok(ByteStream::from_path(path).await.map_err(|e| err("read", e))?)
+        Ok(ByteStream::from_path(path)
+            .await
+            .map_err(|e| err("read", e))?)
     } else {
         Ok(ByteStream::from(tokio::fs::read(path).await?))
     }
@@ -534,22 +587,38 @@ async fn sizes(s3: &aws_sdk_s3::Client, bucket: &str, keys: &[String]) -> Result
 
 /// One ranged GET (or a whole-object GET when `range` is None); returns the
 /// body's length, read chunk by chunk and dropped (nothing is copied or kept).
-async fn get(s3: &aws_sdk_s3::Client, bucket: &str, key: &str, range: Option<(u64, u64)>) -> Result<u64> {
+async fn get(
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+    range: Option<(u64, u64)>,
+) -> Result<u64> {
     let mut req = s3.get_object().bucket(bucket).key(key);
     if let Some((a, b)) = range {
         req = req.range(format!("bytes={a}-{}", b - 1));
     }
-    let out = req.send().await.map_err(|e| err(&format!("GET {key}"), e))?;
+    let out = req
+        .send()
+        .await
+        .map_err(|e| err(&format!("GET {key}"), e))?;
     let mut body = out.body;
     let mut n = 0u64;
-    while let Some(chunk) = body.try_next().await.map_err(|e| err(&format!("GET {key} body"), e))? {
+    while let Some(chunk) = body
+        .try_next()
+        .await
+        .map_err(|e| err(&format!("GET {key} body"), e))?
+    {
         n += chunk.len() as u64;
     }
     Ok(n)
 }
 
 fn keys_opt(o: &Opts) -> Result<Vec<String>> {
-    Ok(o.str("keys")?.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect())
+    Ok(o.str("keys")?
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect())
 }
 
 fn report(cmd: &str, bytes: u64, requests: u64, secs: f64, extra: &str) {
@@ -590,8 +659,15 @@ async fn seq(o: &Opts) -> Result<()> {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..conc {
-        let (s3, bucket, keys, work, next, bytes, reqs) =
-            (s3.clone(), bucket.clone(), keys.clone(), work.clone(), next.clone(), bytes.clone(), reqs.clone());
+        let (s3, bucket, keys, work, next, bytes, reqs) = (
+            s3.clone(),
+            bucket.clone(),
+            keys.clone(),
+            work.clone(),
+            next.clone(),
+            bytes.clone(),
+            reqs.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             while start.elapsed() < max {
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -607,7 +683,13 @@ async fn seq(o: &Opts) -> Result<()> {
         t.await??;
     }
     let secs = start.elapsed().as_secs_f64();
-    report("seq", bytes.load(Ordering::Relaxed), reqs.load(Ordering::Relaxed), secs, &format!(",\"concurrency\":{conc},\"part\":{part}"));
+    report(
+        "seq",
+        bytes.load(Ordering::Relaxed),
+        reqs.load(Ordering::Relaxed),
+        secs,
+        &format!(",\"concurrency\":{conc},\"part\":{part}"),
+    );
     Ok(())
 }
 
@@ -627,8 +709,14 @@ async fn rand(o: &Opts) -> Result<()> {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..conc {
-        let (s3, bucket, keys, sizes, bytes, reqs) =
-            (s3.clone(), bucket.clone(), keys.clone(), sizes.clone(), bytes.clone(), reqs.clone());
+        let (s3, bucket, keys, sizes, bytes, reqs) = (
+            s3.clone(),
+            bucket.clone(),
+            keys.clone(),
+            sizes.clone(),
+            bytes.clone(),
+            reqs.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let mut rng = Rng::new(seed.wrapping_mul(1000).wrapping_add(w));
             while start.elapsed() < dur {
@@ -646,12 +734,23 @@ async fn rand(o: &Opts) -> Result<()> {
         t.await??;
     }
     let secs = start.elapsed().as_secs_f64();
-    report("rand", bytes.load(Ordering::Relaxed), reqs.load(Ordering::Relaxed), secs, &format!(",\"concurrency\":{conc},\"bs\":{bs}"));
+    report(
+        "rand",
+        bytes.load(Ordering::Relaxed),
+        reqs.load(Ordering::Relaxed),
+        secs,
+        &format!(",\"concurrency\":{conc},\"bs\":{bs}"),
+    );
     Ok(())
 }
 
 /// Every key under a prefix (ListObjectsV2 pages of 1000, no delimiter).
-async fn list_keys(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str, deadline: Option<Instant>) -> Result<(Vec<(String, u64)>, u64)> {
+async fn list_keys(
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    prefix: &str,
+    deadline: Option<Instant>,
+) -> Result<(Vec<(String, u64)>, u64)> {
     let mut out = Vec::new();
     let mut token = None;
     let mut pages = 0;
@@ -666,7 +765,10 @@ async fn list_keys(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str, deadline
             .map_err(|e| err(&format!("LIST {prefix}"), e))?;
         pages += 1;
         for obj in r.contents() {
-            out.push((obj.key().unwrap_or_default().to_string(), obj.size().unwrap_or(0) as u64));
+            out.push((
+                obj.key().unwrap_or_default().to_string(),
+                obj.size().unwrap_or(0) as u64,
+            ));
         }
         token = r.next_continuation_token().map(str::to_string);
         if token.is_none() || deadline.is_some_and(|d| Instant::now() >= d) {
@@ -691,8 +793,14 @@ async fn small(o: &Opts) -> Result<()> {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..conc {
-        let (s3, bucket, keys, next, bytes, reqs) =
-            (s3.clone(), bucket.clone(), keys.clone(), next.clone(), bytes.clone(), reqs.clone());
+        let (s3, bucket, keys, next, bytes, reqs) = (
+            s3.clone(),
+            bucket.clone(),
+            keys.clone(),
+            next.clone(),
+            bytes.clone(),
+            reqs.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             while start.elapsed() < max {
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -709,7 +817,16 @@ async fn small(o: &Opts) -> Result<()> {
     }
     let secs = start.elapsed().as_secs_f64();
     let files = reqs.load(Ordering::Relaxed);
-    report("small", bytes.load(Ordering::Relaxed), files, secs, &format!(",\"files\":{files},\"files_per_s\":{:.1},\"concurrency\":{conc}", files as f64 / secs));
+    report(
+        "small",
+        bytes.load(Ordering::Relaxed),
+        files,
+        secs,
+        &format!(
+            ",\"files\":{files},\"files_per_s\":{:.1},\"concurrency\":{conc}",
+            files as f64 / secs
+        ),
+    );
     Ok(())
 }
 
@@ -724,6 +841,15 @@ async fn list(o: &Opts) -> Result<()> {
     let (keys, pages) = list_keys(&s3, &bucket, &prefix, Some(start + max)).await?;
     let secs = start.elapsed().as_secs_f64();
     let files = keys.len() as u64;
-    report("list", 0, pages, secs, &format!(",\"files\":{files},\"files_per_s\":{:.1}", files as f64 / secs));
+    report(
+        "list",
+        0,
+        pages,
+        secs,
+        &format!(
+            ",\"files\":{files},\"files_per_s\":{:.1}",
+            files as f64 / secs
+        ),
+    );
     Ok(())
 }

@@ -98,9 +98,6 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
     }
-    if args.tls && args.port != 0 {
-        return Err("--tls only supports --port 0".to_owned());
-    }
     Ok(args)
 }
 
@@ -177,7 +174,8 @@ fn main() {
     // Kept alive (main never returns) so the server's tasks keep running.
     let mut _runtime = None;
     let server = if args.tls {
-        let (s, path) = TestServer::start_tls_background().expect("start server");
+        let addr = SocketAddr::from(([127, 0, 0, 1], args.port));
+        let (s, path) = TestServer::start_tls_background_on(addr).expect("start server");
         ca = Some(path);
         s
     } else {
