@@ -594,3 +594,33 @@ fn decimal_file_mode_in_toml_is_refused_with_the_octal_spelling() {
         stderr(&o)
     );
 }
+
+/// Credentials from a profile file: neither the secret nor the access key
+/// ID appears in the daemon's log at the default level.
+#[test]
+fn profile_credentials_stay_out_of_the_log() {
+    let b = bucket("profile-log");
+    server().put(&b, "a.txt", "x");
+    let dir = TempDir::new("profile");
+    let creds = dir.0.join("credentials");
+    std::fs::write(
+        &creds,
+        "[default]\naws_access_key_id = lakemount-test\naws_secret_access_key = lakemount-test-secret\n",
+    )
+    .unwrap();
+    let m = MountSpec::new(&b)
+        .unset_env("AWS_ACCESS_KEY_ID")
+        .unset_env("AWS_SECRET_ACCESS_KEY")
+        .env("AWS_SHARED_CREDENTIALS_FILE", creds.to_str().unwrap())
+        .env("AWS_CONFIG_FILE", dir.0.join("none").to_str().unwrap())
+        // The default level (the tests' RUST_LOG would override it).
+        .unset_env("RUST_LOG")
+        .mount();
+    assert_eq!(std::fs::read_to_string(m.p("a.txt")).unwrap(), "x");
+    let log = m.log();
+    assert!(
+        !log.contains("lakemount-test-secret"),
+        "secret in the log:\n{log}"
+    );
+    assert!(!log.contains("access_key_id"), "key ID in the log:\n{log}");
+}

@@ -16,9 +16,14 @@ pub fn init_logging(level: &str) -> anyhow::Result<()> {
         // its second unmount of an already unmounted path): keep its errors only.
         // The AWS credential chain warns, in long lines, for every source it
         // tries and misses; the mount's own error names what was looked for.
+        // Its info lines name the access key ID of the profile it loads.
         // At debug and trace those lines are what one is looking for: kept.
         _ if !level.contains('=') => EnvFilter::try_new(match level {
-            "info" | "warn" | "error" => {
+            "info" => {
+                "info,fuser::session=error,aws_config=warn,aws_config::meta::credentials=error"
+                    .to_string()
+            }
+            "warn" | "error" => {
                 format!("{level},fuser::session=error,aws_config::meta::credentials=error")
             }
             _ => format!("{level},fuser::session=error"),
