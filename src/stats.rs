@@ -209,9 +209,10 @@ fn render(v: &Value, prev: Option<(Duration, &Value)>) -> String {
     let w = &v["writes"];
     if !m["read_only"].as_bool().unwrap_or(true) {
         out += &format!(
-            "writes      {} written; staged {} files ({}), {} uploads in flight, {} uploaded, \
-             {} failed uploads\n",
+            "writes      {} written through lakemount, {} passthrough writer opens (written by \
+             the kernel); staged {} files ({}), {} uploads in flight, {} uploaded, {} failed uploads\n",
             bytes(&w["fuse_write_bytes"]),
+            num(&w["passthrough_opens"]),
             num(&w["staged_files"]),
             bytes(&w["staged_bytes"]),
             num(&w["uploads_in_flight"]),

@@ -219,6 +219,7 @@ pub fn register_alarm_series(cache: bool, writable: bool) {
     }
     if writable {
         metrics::counter!(WRITE_UPLOAD_FAILURES).increment(0);
+        metrics::counter!(WRITE_PASSTHROUGH_OPENS).increment(0);
         metrics::gauge!(WRITE_STAGED_BYTES).increment(0.0);
     }
 }

@@ -213,6 +213,7 @@ pub fn stats(metrics: &str, info: &MountInfo, uptime_secs: f64) -> Value {
         },
         "writes": {
             "fuse_write_bytes": s.sum(m::FUSE_WRITE_BYTES, &[]),
+            "passthrough_opens": s.sum(m::WRITE_PASSTHROUGH_OPENS, &[]),
             "staged_files": s.sum(m::WRITE_STAGED_FILES, &[]),
             "staged_bytes": s.sum(m::WRITE_STAGED_BYTES, &[]),
             "uploads_in_flight": s.sum(m::WRITE_UPLOADS_IN_FLIGHT, &[]),
