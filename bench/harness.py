@@ -779,6 +779,9 @@ def mount_factory(name, a, g, bucket, write_secrets=True):
             extra = ["--vfs-cache-mode", "full", "--cache-dir", cache, "--vfs-cache-max-size", "20G",
                      "--vfs-read-ahead", "128M", "--vfs-fast-fingerprint"]
         if getattr(g, "ca", None):
+            # Not AWS_CA_BUNDLE: rclone's SDK then fails ("LoadCustomCABundleError:
+            # unsupported transport"); its own flag works.
+            env.pop("AWS_CA_BUNDLE", None)
             extra += ["--ca-cert", g.ca]
         cmd = ["rclone", "mount", f"bench:{bucket}", mnt, *common, *extra]
         shown = f"RCLONE_CONFIG_BENCH_*=(s3, Other, endpoint, region {g.region}, path style) " + " ".join(cmd)
