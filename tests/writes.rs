@@ -865,3 +865,34 @@ fn same_size_patches_by_passthrough_are_uploaded() {
     assert!(server().get(&b, "obj.bin").unwrap()[..] == want[..]);
     drop(f);
 }
+
+/// A passthrough-written file that is fsynced and then closed with no
+/// write in between is uploaded once, not again after its close.
+#[test]
+fn write_fsync_close_uploads_once() {
+    let server = private_server();
+    let b = bucket_on(&server, "w-once");
+    let staging = TempDir::new("staging");
+    let m = rw(
+        &server,
+        &b,
+        &staging.0,
+        "[write]\nupload_delay_secs = 0.2\n",
+    );
+    let body = data(1 << 20, 51);
+    let mut f = std::fs::File::create(m.p("shard.distcp")).unwrap();
+    f.write_all(&body).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    assert!(server.get(&b, "shard.distcp").unwrap()[..] == body[..]);
+    let gone = wait_for(Duration::from_secs(30), || staged(&staging.0).is_empty());
+    assert!(gone.is_some(), "not handed over:\n{}", m.log());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        server.request_count("PutObject"),
+        1,
+        "{:?}\n{}",
+        server.request_counts(),
+        m.log()
+    );
+}

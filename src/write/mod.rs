@@ -187,7 +187,18 @@ struct State {
     pt_writers: u32,
     /// The data file as the last look at it found it.
     pt_seen: Option<FileStamp>,
+    /// That look came [`SETTLE`] or more after the file's last change, so
+    /// any later write changes the stamp; otherwise a write in the same
+    /// clock tick may not have, and the next forced look takes a new
+    /// version whatever the stamp says.
+    pt_trusted: bool,
 }
+
+/// How long after a data file's last change a look at its stamp is trusted
+/// to reveal every later write: more than a coarse file time tick (one
+/// jiffy, at most 10 ms at HZ=100; Linux 6.13+ gives a queried file finer
+/// times anyway).
+const SETTLE: Duration = Duration::from_millis(20);
 
 /// What tells a change of a data file written behind lakemount's back: its
 /// size, and its modification and change times (nanoseconds).
@@ -199,6 +210,15 @@ struct FileStamp {
 }
 
 impl FileStamp {
+    /// How long ago the file last changed, by its ctime, which no caller
+    /// can set (zero if it is ahead of the clock).
+    fn age(&self) -> Duration {
+        let (secs, nsecs) = self.ctime;
+        let t = std::time::UNIX_EPOCH
+            + Duration::new(secs.max(0) as u64, nsecs.clamp(0, 999_999_999) as u32);
+        SystemTime::now().duration_since(t).unwrap_or_default()
+    }
+
     fn of(file: &File) -> std::io::Result<Self> {
         use std::os::unix::fs::MetadataExt;
         let m = file.metadata()?;
@@ -252,6 +272,7 @@ impl State {
             no_early: false,
             pt_writers: 0,
             pt_seen: None,
+            pt_trusted: false,
         }
     }
 }
@@ -867,13 +888,13 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         st.no_early = true;
         if st.pt_seen.is_none() {
             st.pt_seen = FileStamp::of(&f.file).ok();
+            st.pt_trusted = st.pt_seen.is_some_and(|s| s.age() >= SETTLE);
         }
     }
 
-    /// A passthrough writer of `f` closed: its writes are taken in, then as
-    /// [`Self::close_writer`]. The file counts as changed whatever its stamp
-    /// says: a write in the same clock tick as the last look, or one the
-    /// kernel finished after an fsync looked, leaves the stamp as it was.
+    /// A passthrough writer of `f` closed: its writes are taken in (a new
+    /// version unless the stamp is unchanged since a trusted look), then as
+    /// [`Self::close_writer`].
     pub fn close_passthrough_writer(self: &Arc<Self>, f: &Arc<Staged>) {
         {
             let mut st = f.st.lock().unwrap();
@@ -881,6 +902,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
             st.pt_writers = st.pt_writers.saturating_sub(1);
             if st.pt_writers == 0 {
                 st.pt_seen = None;
+                st.pt_trusted = false;
             }
         }
         self.close_writer(f);
@@ -895,8 +917,9 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         self.sync_locked(f, &mut st, false);
     }
 
-    /// [`Self::sync_passthrough`] under `f`'s lock; with `force`, a new
-    /// version even when the stamp is unchanged (close, fsync).
+    /// [`Self::sync_passthrough`] under `f`'s lock; with `force` (close,
+    /// fsync), also a new version when the stamp is unchanged but the last
+    /// look was not trusted ([`State::pt_trusted`]).
     fn sync_locked(&self, f: &Staged, st: &mut State, force: bool) {
         if st.pt_writers == 0 {
             return;
@@ -908,10 +931,16 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
                 return;
             }
         };
-        if st.pt_seen == Some(now) && !force {
+        let unchanged = st.pt_seen == Some(now);
+        let trusted_now = now.age() >= SETTLE;
+        // Unchanged since a trusted look: nothing was written. Unchanged
+        // since an untrusted one: a write may hide in its clock tick, so a
+        // look that would trust the file (or a forced one) takes a version.
+        if unchanged && (st.pt_trusted || (!force && !trusted_now)) {
             return;
         }
         st.pt_seen = Some(now);
+        st.pt_trusted = trusted_now;
         if !st.gone {
             self.staging.resize_over(st.size, now.size);
         }
@@ -1029,6 +1058,19 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     /// Errors: [`WriteError::Upload`] when the upload failed (the file stays
     /// staged and is tried again later).
     pub async fn fsync(self: &Arc<Self>, f: &Arc<Staged>) -> Result<(), WriteError> {
+        // A passthrough-written file is looked at once its last change has
+        // settled, so that the look can be trusted at its close (no second
+        // upload of a file fsynced, then closed).
+        let wait = {
+            let st = f.st.lock().unwrap();
+            (st.pt_writers > 0)
+                .then(|| FileStamp::of(&f.file).ok())
+                .flatten()
+                .map_or(Duration::ZERO, |s| SETTLE.saturating_sub(s.age()))
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
         let target = {
             let mut st = f.st.lock().unwrap();
             self.sync_locked(f, &mut st, true);
