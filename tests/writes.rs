@@ -809,11 +809,17 @@ fn changes_wait_for_a_passthrough_reader_of_an_uploaded_file() {
     assert!(server().get(&b, "f.bin").unwrap()[..] == body[..]);
     assert!(std::fs::read(m.p("f.bin")).unwrap() == body);
     drop(reader);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(m.p("f.bin"))
-        .unwrap();
+    // The kernel sends the readers' RELEASE after close returns.
+    let mut opened = None;
+    wait_for(Duration::from_secs(10), || {
+        opened = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(m.p("f.bin"))
+            .ok();
+        opened.is_some()
+    });
+    let mut f = opened.expect("still busy 10 s after the readers closed");
     f.write_all(b"new").unwrap();
     f.sync_all().unwrap();
     assert_eq!(server().get(&b, "f.bin").unwrap(), b"new".to_vec());
