@@ -252,19 +252,24 @@ fn a_killed_daemon_uploads_staged_files_at_its_next_start() {
     wait_for(Duration::from_secs(10), || staged(&staging.0).is_empty()).expect("staging emptied");
 }
 
+/// A fresh bucket tagged `tag` mounted read-write with 1 MiB of staging, no
+/// upload before an fsync, writers by passthrough or not.
+fn small_staging(tag: &str, passthrough: bool) -> (String, TempDir, Mount) {
+    let b = bucket(tag);
+    let staging = TempDir::new("staging");
+    let config = format!(
+        "[write]\nstaging_max_size = 1048576\nupload_delay_secs = 3600\npassthrough = {passthrough}\n"
+    );
+    let m = rw(server(), &b, &staging.0, &config);
+    (b, staging, m)
+}
+
 /// Staging full: the write past `write.staging_max_size` fails with ENOSPC;
 /// what was written before stays and is uploaded. (Writes through lakemount;
 /// passthrough writers are the next test.)
 #[test]
 fn staging_full_is_enospc_and_loses_nothing() {
-    let b = bucket("w-full");
-    let staging = TempDir::new("staging");
-    let m = rw(
-        server(),
-        &b,
-        &staging.0,
-        "[write]\nstaging_max_size = 1048576\nupload_delay_secs = 3600\npassthrough = false\n",
-    );
+    let (b, _staging, m) = small_staging("w-full", false);
     let first = data(700_000, 5);
     std::fs::write(m.p("a.bin"), &first).unwrap();
     let mut f = std::fs::File::create(m.p("b.bin")).unwrap();
@@ -680,14 +685,7 @@ fn writers_go_to_staging_by_passthrough() {
 /// lakemount and gets ENOSPC. Nothing is lost.
 #[test]
 fn a_passthrough_writer_past_the_staging_limit_loses_nothing() {
-    let b = bucket("w-pt-full");
-    let staging = TempDir::new("staging");
-    let m = rw(
-        server(),
-        &b,
-        &staging.0,
-        "[write]\nstaging_max_size = 1048576\nupload_delay_secs = 3600\n",
-    );
+    let (b, staging, m) = small_staging("w-pt-full", true);
     let big = data(1_500_000, 12);
     std::fs::write(m.p("a.bin"), &big).unwrap();
     assert_eq!(std::fs::read(m.p("a.bin")).unwrap(), big);
