@@ -213,10 +213,14 @@ impl FileStamp {
     /// How long ago the file last changed, by its ctime, which no caller
     /// can set (zero if it is ahead of the clock).
     fn age(&self) -> Duration {
-        let (secs, nsecs) = self.ctime;
-        let t = std::time::UNIX_EPOCH
-            + Duration::new(secs.max(0) as u64, nsecs.clamp(0, 999_999_999) as u32);
-        SystemTime::now().duration_since(t).unwrap_or_default()
+        SystemTime::now()
+            .duration_since(time_of(self.ctime))
+            .unwrap_or_default()
+    }
+
+    /// The modification time.
+    fn modified(&self) -> SystemTime {
+        time_of(self.mtime)
     }
 
     fn of(file: &File) -> std::io::Result<Self> {
@@ -228,6 +232,12 @@ impl FileStamp {
             ctime: (m.ctime(), m.ctime_nsec()),
         })
     }
+}
+
+/// The time of (seconds, nanoseconds) since the Unix epoch, as stat gives
+/// them (times before the epoch count as the epoch).
+fn time_of((secs, nsecs): (i64, i64)) -> SystemTime {
+    std::time::UNIX_EPOCH + Duration::new(secs.max(0) as u64, nsecs.clamp(0, 999_999_999) as u32)
 }
 
 /// A multipart upload of a staged file not completed yet.
@@ -297,11 +307,11 @@ impl Staged {
         let st = self.st.lock().unwrap();
         let (mut size, mut mtime) = (st.size, st.mtime);
         if st.pt_writers > 0
-            && let Ok(m) = self.file.metadata()
+            && let Ok(now) = FileStamp::of(&self.file)
         {
             // Written by the kernel meanwhile: the file itself knows.
-            size = m.len();
-            mtime = m.modified().unwrap_or(mtime);
+            size = now.size;
+            mtime = now.modified();
         }
         StagedAttr {
             key: st.key.clone(),
@@ -945,11 +955,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
             self.staging.resize_over(st.size, now.size);
         }
         st.size = now.size;
-        st.mtime = f
-            .file
-            .metadata()
-            .and_then(|m| m.modified())
-            .unwrap_or(st.mtime);
+        st.mtime = now.modified();
         st.version += 1;
         st.part_written.clear();
         mark_written(self.up.part_size, st, 0, now.size);
