@@ -716,6 +716,17 @@ fn uploaded_files_are_read_from_the_cache_without_a_get() {
     let big = data(5 << 20, 21);
     let small = data(9_000, 22);
     // Files in the cache's object and pack directories.
+    let read_both_without_a_get = |m: &Mount, when: &str| {
+        assert!(std::fs::read(m.p("big.bin")).unwrap() == big, "{when}");
+        assert!(std::fs::read(m.p("small.json")).unwrap() == small, "{when}");
+        assert_eq!(
+            server.request_count("GetObject"),
+            0,
+            "{when}: {:?}\n{}",
+            server.request_counts(),
+            m.log()
+        );
+    };
     let cached_files = || {
         let mut n = 0;
         let mut dirs = vec![cache.0.clone()];
@@ -752,26 +763,10 @@ fn uploaded_files_are_read_from_the_cache_without_a_get() {
         });
         assert!(empty.is_some(), "staging not emptied:\n{}", m.log());
         assert!(cached_files() >= 2, "nothing in the cache:\n{}", m.log());
-        assert!(std::fs::read(m.p("big.bin")).unwrap() == big);
-        assert!(std::fs::read(m.p("small.json")).unwrap() == small);
-        assert_eq!(
-            server.request_count("GetObject"),
-            0,
-            "{:?}\n{}",
-            server.request_counts(),
-            m.log()
-        );
+        read_both_without_a_get(&m, "after the upload");
     }
     let m = MountSpec::new(&b).server(&server).config(&config).mount();
-    assert!(std::fs::read(m.p("big.bin")).unwrap() == big);
-    assert!(std::fs::read(m.p("small.json")).unwrap() == small);
-    assert_eq!(
-        server.request_count("GetObject"),
-        0,
-        "after a remount: {:?}\n{}",
-        server.request_counts(),
-        m.log()
-    );
+    read_both_without_a_get(&m, "after a remount");
 }
 
 /// A reader holding a written file open by passthrough across its upload
