@@ -575,11 +575,17 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     /// At unmount: uploads every staged file now (delays and retry waits
     /// cut short) and waits up to `limit` for S3 to hold them all: how many
     /// are left. The FUSE session has ended, so no handle can write any
-    /// more, whether or not its RELEASE arrived before the unmount.
+    /// more, whether or not its RELEASE arrived before the unmount; what
+    /// passthrough writers wrote is taken in first.
     pub async fn upload_all(self: &Arc<Self>, limit: Duration) -> usize {
         let files: Vec<Arc<Staged>> = self.ov.lock().unwrap().files.values().cloned().collect();
         for f in &files {
             let mut st = f.st.lock().unwrap();
+            // What passthrough writers wrote, their RELEASE unseen.
+            self.sync_locked(f, &mut st, true);
+            st.pt_writers = 0;
+            st.pt_seen = None;
+            st.pt_trusted = false;
             st.writers = 0;
             st.ready_at = Some(Instant::now());
             st.urgent = st.version;
