@@ -226,11 +226,23 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// listing fetched less than `ttl` (the metadata TTL) ago, which is the
     /// case of every open after a directory's first in a round. Checked on
     /// the opening thread, to spare those opens a task each. (A listing
-    /// fetched anew within its TTL is then scanned at the next round.)
-    pub fn may_scan(&self, prefix: &str, opened_before: Option<Instant>, ttl: Duration) -> bool {
+    /// fetched anew within its TTL is then scanned at the next round.) Also
+    /// when `key` was opened before the round began (a racing open's scan,
+    /// which may have queued it): [`SmallPrefetch::missed`] takes it out.
+    pub fn may_scan(
+        &self,
+        key: &str,
+        prefix: &str,
+        opened_before: Option<Instant>,
+        ttl: Duration,
+    ) -> bool {
         let inner = self.inner.lock().unwrap();
         match inner.scanned.get(prefix) {
-            Some(s) => opened_before.is_some_and(|t| t >= s.round) || s.listing.elapsed() >= ttl,
+            Some(s) => {
+                opened_before.is_some_and(|t| t >= s.round)
+                    || s.listing.elapsed() >= ttl
+                    || inner.opened.get(key).is_some_and(|t| *t < s.round)
+            }
             None => true,
         }
     }
@@ -259,27 +271,51 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                 }
             });
         }
-        let round = {
+        let (round, duplicate) = {
             let mut inner = self.inner.lock().unwrap();
             let now = inner.opened.get(key).copied().unwrap_or_else(Instant::now);
+            // `key` is read by its opener: a scan racing with this open
+            // (another reader's first open of the directory) must not fetch
+            // it too, nor hold a copy nobody will open.
+            inner.queued.remove(key);
+            let duplicate = inner.held.remove(key);
+            if let Some(h) = &duplicate {
+                inner.unread -= h.size;
+                metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => "opened").increment(1);
+            }
             let scan = match inner.scanned.get(prefix).copied() {
                 // Read again in this round: the next round (epoch) began.
-                Some(s) if opened_before.is_some_and(|t| t >= s.round) => Scan {
+                Some(s) if opened_before.is_some_and(|t| t >= s.round) => Some(Scan {
                     listing: listing.fetched,
                     round: now,
-                },
-                Some(s) if s.listing == listing.fetched => return,
-                Some(s) => Scan {
+                }),
+                // Scanned by a racing open: its round starts at this open
+                // when this one came first, so that its queueing skips `key`.
+                Some(s) if s.listing == listing.fetched => {
+                    if now < s.round {
+                        remember(&mut inner.scanned, prefix, Scan { round: now, ..s });
+                    }
+                    None
+                }
+                Some(s) => Some(Scan {
                     listing: listing.fetched,
                     round: s.round,
-                },
-                None => Scan {
+                }),
+                None => Some(Scan {
                     listing: listing.fetched,
                     round: now,
-                },
+                }),
             };
-            remember(&mut inner.scanned, prefix, scan);
-            scan.round
+            if let Some(scan) = scan {
+                remember(&mut inner.scanned, prefix, scan);
+            }
+            (scan.map(|s| s.round), duplicate)
+        };
+        // Dropped after the lock: dropping a part may cancel its GET.
+        drop(duplicate);
+        let Some(round) = round else {
+            self.pump();
+            return;
         };
         let candidates: Vec<Candidate> = listing
             .entries
@@ -309,6 +345,11 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         };
         {
             let mut inner = self.inner.lock().unwrap();
+            // A racing open may have moved the round's start earlier.
+            let round = inner
+                .scanned
+                .get(prefix)
+                .map_or(round, |s| s.round.min(round));
             for c in candidates {
                 let opened_this_round = inner.opened.get(&c.key).is_some_and(|t| *t >= round);
                 if !opened_this_round
@@ -559,6 +600,50 @@ mod tests {
         assert_eq!(p.unread_bytes(), 300);
     }
 
+    /// Two readers open their first objects of a directory at once: the
+    /// scan of the later open (whose round starts after the earlier open)
+    /// must not fetch the earlier one's object, which its opener reads
+    /// itself, whichever of the two scans runs first.
+    #[tokio::test]
+    async fn an_object_opened_during_a_racing_scan_is_not_fetched_again() {
+        for in_flight in [1, 64] {
+            let store = Arc::new(MemStore::default());
+            let listing = dir(&store, 6, 100);
+            let p = prefetcher(&store, 1000, in_flight);
+            let etag = |i: usize| listing.entries[i].etag.clone();
+            assert!(matches!(
+                p.take("d/k001", &etag(1), 100),
+                Taken::Missed(None)
+            ));
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            assert!(matches!(
+                p.take("d/k000", &etag(0), 100),
+                Taken::Missed(None)
+            ));
+            let ttl = Duration::from_secs(60);
+            assert!(p.may_scan("d/k000", "d/", None, ttl));
+            p.missed("d/k000", "d/", listing.clone(), None).await;
+            // The directory is scanned, in a round k001's open came before.
+            assert!(p.may_scan("d/k001", "d/", None, ttl));
+            p.missed("d/k001", "d/", listing.clone(), None).await;
+            settle(&p).await;
+            let held: Vec<String> = {
+                let inner = p.inner.lock().unwrap();
+                let mut k: Vec<String> = inner.held.keys().cloned().collect();
+                k.sort();
+                k
+            };
+            assert_eq!(held, ["d/k002", "d/k003", "d/k004", "d/k005"]);
+            assert_eq!(p.unread_bytes(), 400);
+            // The round now starts at k001's open: no more scans of it.
+            assert!(!p.may_scan("d/k001", "d/", None, ttl));
+            assert!(!p.may_scan("d/k002", "d/", None, ttl));
+            p.missed("d/k002", "d/", listing.clone(), None).await;
+            settle(&p).await;
+            assert!(!p.inner.lock().unwrap().held.contains_key("d/k001"));
+        }
+    }
+
     /// An open of a queued object takes it out of the queue (its own read
     /// fetches it, no prefetch GET follows); an object held at another ETag
     /// is dropped, not given out.
@@ -660,23 +745,26 @@ mod tests {
         let listing = dir(&store, 4, 100);
         let p = prefetcher(&store, 1000, 64);
         let ttl = Duration::from_secs(60);
-        assert!(p.may_scan("d/", None, ttl));
+        assert!(p.may_scan("d/k000", "d/", None, ttl));
         let Taken::Missed(None) = p.take("d/k000", &listing.entries[0].etag, 100) else {
             panic!("k000 not opened before");
         };
         p.missed("d/k000", "d/", listing.clone(), None).await;
         settle(&p).await;
-        assert!(!p.may_scan("d/", None, ttl), "same round, fresh listing");
-        assert!(p.may_scan("e/", None, ttl), "another directory");
+        assert!(
+            !p.may_scan("d/k001", "d/", None, ttl),
+            "same round, fresh listing"
+        );
+        assert!(p.may_scan("e/k000", "e/", None, ttl), "another directory");
         let Taken::Missed(Some(before)) = p.take("d/k000", &listing.entries[0].etag, 100) else {
             panic!("k000 was opened before");
         };
         assert!(
-            p.may_scan("d/", Some(before), ttl),
+            p.may_scan("d/k000", "d/", Some(before), ttl),
             "read again: next round"
         );
         assert!(
-            p.may_scan("d/", None, Duration::ZERO),
+            p.may_scan("d/k001", "d/", None, Duration::ZERO),
             "listing past its TTL"
         );
     }

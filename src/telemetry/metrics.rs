@@ -89,7 +89,8 @@ pub const SMALL_PREFETCH_BYTES: &str = "lakemount_small_prefetch_bytes_total";
 /// its bytes were here; in_flight: its GET was under way and was shared).
 pub const SMALL_PREFETCH_HITS: &str = "lakemount_small_prefetch_hits_total";
 /// Counter: prefetched objects dropped unread, label `reason` (expired: not
-/// opened in time; changed: opened at another ETag; failed: the GET failed).
+/// opened in time; changed: opened at another ETag; failed: the GET failed;
+/// opened: fetched by a scan racing with the object's own first open).
 /// Their bytes count in `lakemount_prefetch_unused_bytes_total`.
 pub const SMALL_PREFETCH_DROPPED: &str = "lakemount_small_prefetch_dropped_total";
 /// Gauge: small-object prefetch GETs in flight.
