@@ -757,6 +757,62 @@ fn gets_the_server_holds_are_answered_by_their_hedges() {
     assert!(won >= held.len() as f64, "{won} hedges won");
 }
 
+/// Prefetch GETs the server holds while no reader waits for them are not
+/// hedged: a hedge spends server capacity to cut a reader's wait, and a
+/// busy server only gets busier. The one file the reader waited for is.
+#[test]
+fn prefetch_gets_nobody_waits_for_are_not_hedged() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "hedgeahead");
+    let warm: Vec<(String, Vec<u8>)> = (0..200)
+        .map(|i| (format!("warm/f{i:03}"), data(3_000 + i, i as u64)))
+        .collect();
+    let ahead: Vec<(String, Vec<u8>)> = (0..16)
+        .map(|i| {
+            (
+                format!("ahead/f{i:02}"),
+                data(9_000 + i * 31, 700 + i as u64),
+            )
+        })
+        .collect();
+    for (k, d) in warm.iter().chain(&ahead) {
+        srv.put(&b, k, d.clone());
+    }
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .config(&format!(
+            "[read]\nsmall_max_in_flight = 8\n[telemetry]\nmetrics_addr = \"{addr}\"\n"
+        ))
+        .mount();
+    assert!(read_all_4(&m, &warm).is_empty());
+    assert_eq!(names(&m.p("ahead")).len(), ahead.len());
+    let hedges = || {
+        let body = scrape(&addr);
+        metric(&body, "lakemount_s3_hedges_total{op=\"GET\",won=\"hedge\"}")
+            + metric(&body, "lakemount_s3_hedges_total{op=\"GET\",won=\"first\"}")
+    };
+    let before = hedges();
+    srv.hold_first_per_key(Duration::from_secs(1), 1);
+    srv.reset_counts();
+    // The first open waits for its own GET (hedged) and starts the prefetch
+    // of the other 15, which the server holds 1 s each, 8 at a time.
+    let t = Instant::now();
+    assert_eq!(std::fs::read(m.p(&ahead[0].0)).unwrap(), ahead[0].1);
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    std::thread::sleep(Duration::from_millis(3_500));
+    srv.hold_first_per_key(Duration::ZERO, 0);
+    assert!(read_all_4(&m, &ahead[1..]).is_empty());
+    let hedged = hedges() - before;
+    assert_eq!(hedged, 1.0, "hedges: {hedged}\n{}", m.log());
+    assert_eq!(
+        srv.request_count("GetObject"),
+        ahead.len() as u64 + 1,
+        "{:?}",
+        srv.request_counts()
+    );
+}
+
 /// A body that stops part way (the stall timeout set to 60 s) is continued
 /// by a hedged GET of its rest, pinned to its ETag, long before the stall
 /// timeout: the file reads back exactly, and the hedge asked for the bytes

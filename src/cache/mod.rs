@@ -22,7 +22,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::store::{ObjectStore, Segments, StoreError};
+use crate::store::{ObjectStore, Segments, StoreError, Urgency};
 use crate::telemetry::metrics as m;
 pub use disk::{Backing, DiskCache, lock_dir, statvfs};
 
@@ -363,8 +363,10 @@ impl Cache {
     }
 
     /// Reads `range` (bytes, end exclusive, within `size`) of `key` at `etag`
-    /// through the cache. Errors: only the store's (a failing cache falls back
-    /// to the store); [`StoreError::PreconditionFailed`] when the object changed.
+    /// through the cache; the GETs of missing blocks carry `urgency`
+    /// ([`ObjectStore::get_range_ahead`]). Errors: only the store's (a
+    /// failing cache falls back to the store);
+    /// [`StoreError::PreconditionFailed`] when the object changed.
     pub async fn get_range<S: ObjectStore>(
         self: &Arc<Self>,
         store: &S,
@@ -372,6 +374,7 @@ impl Cache {
         etag: &str,
         size: u64,
         range: std::ops::Range<u64>,
+        urgency: &Urgency,
     ) -> Result<Segments, StoreError> {
         debug_assert!(range.start < range.end && range.end <= size);
         let bs = self.block_size;
@@ -432,7 +435,9 @@ impl Cache {
                 let end = ((first + b as u64) * bs).min(size);
                 async move {
                     let started = Instant::now();
-                    let res = store.get_range(key, start..end, etag).await;
+                    let res = store
+                        .get_range_ahead(key, start..end, etag, urgency.clone())
+                        .await;
                     if res.is_ok() {
                         let blocks = (b - a) as u64;
                         self.disk.health().sample_s3(started.elapsed(), blocks);

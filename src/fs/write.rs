@@ -15,7 +15,7 @@ use bytes::Bytes;
 use super::{Fs, FsError, Opened, Stat};
 use crate::meta::names::{BadName, check_name};
 use crate::meta::{Attr, DirListing, EntryKind, ListedEntry};
-use crate::store::{ObjectStore, StoreError, WriteStore};
+use crate::store::{ObjectStore, StoreError, Urgency, WriteStore};
 use crate::write::{Local, LocalChild, Staged, StagedAttr, Writes};
 
 /// An open handle of a staged file.
@@ -445,7 +445,14 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             let end = (off + STAGE_CHUNK).min(attr.size);
             let got = match &self.cache {
                 Some(c) => c
-                    .get_range(&*self.store, &attr.key, &attr.etag, attr.size, off..end)
+                    .get_range(
+                        &*self.store,
+                        &attr.key,
+                        &attr.etag,
+                        attr.size,
+                        off..end,
+                        &Urgency::now(),
+                    )
                     .await
                     .map(|segs| segs.slice(0, segs.len())),
                 None => self.store.get_range(&attr.key, off..end, &attr.etag).await,

@@ -11,7 +11,7 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 
 use super::budget::Reservation;
-use crate::store::{Segments, StoreError};
+use crate::store::{Segments, StoreError, Urgency};
 use crate::telemetry::metrics as m;
 
 /// Resolves when a part's GET has ended: `Ok` once its bytes are in
@@ -34,6 +34,8 @@ pub(crate) struct Held {
     /// the future, this shows a finished read-ahead part nobody has waited
     /// for yet.
     result: OnceLock<Result<Segments, StoreError>>,
+    /// Marked when a read waits for the GET (it may then be hedged).
+    urgency: Urgency,
     _reservation: Reservation,
 }
 
@@ -59,13 +61,21 @@ pub(crate) struct Part {
 
 impl Part {
     /// Spawns `fetch` (the GET of `[start, end)`) on the runtime, holding
-    /// `reservation` with its bytes. Panics outside a tokio runtime context.
-    pub(crate) fn spawn<F>(start: u64, end: u64, reservation: Reservation, fetch: F) -> Part
+    /// `reservation` with its bytes; `urgency` is the GET's, marked when a
+    /// read waits for the part. Panics outside a tokio runtime context.
+    pub(crate) fn spawn<F>(
+        start: u64,
+        end: u64,
+        reservation: Reservation,
+        urgency: Urgency,
+        fetch: F,
+    ) -> Part
     where
         F: Future<Output = Result<Segments, StoreError>> + Send + 'static,
     {
         let held = Arc::new(Held {
             result: OnceLock::new(),
+            urgency,
             _reservation: reservation,
         });
         let weak = Arc::downgrade(&held);
@@ -101,6 +111,7 @@ impl Part {
     pub(crate) fn ready(start: u64, end: u64, reservation: Reservation, segs: Segments) -> Part {
         let held = Arc::new(Held {
             result: OnceLock::from(Ok(segs)),
+            urgency: Urgency::now(),
             _reservation: reservation,
         });
         Part {
@@ -189,6 +200,11 @@ impl PendingRead {
     /// Waits for the parts and gives the bytes. Errors: the store's.
     pub async fn finish(self) -> Result<Bytes, StoreError> {
         let waited = Instant::now();
+        for (_, _, part) in &self.wanted {
+            if part.result().is_none() {
+                part.urgency.mark();
+            }
+        }
         for (_, ended, _) in &self.wanted {
             ended.clone().await?;
         }

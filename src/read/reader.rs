@@ -42,7 +42,7 @@ use super::ReadConfig;
 use super::budget::{MemoryBudget, ReaderGuard, Reservation};
 use super::part::{Part, PendingRead, Wanted};
 use crate::cache::Cache;
-use crate::store::{ObjectStore, Segments, StoreError};
+use crate::store::{ObjectStore, Segments, StoreError, Urgency};
 use crate::telemetry::metrics as m;
 
 /// Reads of the current read's size by which a read may arrive out of order
@@ -531,11 +531,16 @@ impl<S: ObjectStore> Reader<S> {
         let etag = self.etag.clone();
         let cache = self.cache.clone();
         let size = self.size;
-        Part::spawn(start, end, reservation, async move {
+        let urgency = Urgency::ahead();
+        let u = urgency.clone();
+        Part::spawn(start, end, reservation, urgency, async move {
             match cache {
-                Some(c) => c.get_range(&*store, &key, &etag, size, start..end).await,
+                Some(c) => {
+                    c.get_range(&*store, &key, &etag, size, start..end, &u)
+                        .await
+                }
                 None => store
-                    .get_range(&key, start..end, &etag)
+                    .get_range_ahead(&key, start..end, &etag, u)
                     .await
                     .map(Segments::from),
             }
@@ -576,16 +581,22 @@ mod tests {
     /// A part `[start, end)` whose GET has already ended with `ok` (zeros)
     /// or an error.
     async fn done_part(start: u64, end: u64, ok: bool) -> Part {
-        let p = Part::spawn(start, end, budget().reserve_demand(0), async move {
-            if ok {
-                Ok(Segments::from(Bytes::from(vec![
-                    0u8;
-                    (end - start) as usize
-                ])))
-            } else {
-                Err(StoreError::Transient("injected".into()))
-            }
-        });
+        let p = Part::spawn(
+            start,
+            end,
+            budget().reserve_demand(0),
+            Urgency::now(),
+            async move {
+                if ok {
+                    Ok(Segments::from(Bytes::from(vec![
+                        0u8;
+                        (end - start) as usize
+                    ])))
+                } else {
+                    Err(StoreError::Transient("injected".into()))
+                }
+            },
+        );
         while !p.is_finished() {
             tokio::task::yield_now().await;
         }

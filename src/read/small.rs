@@ -40,7 +40,7 @@ use super::budget::MemoryBudget;
 use super::part::Part;
 use crate::cache::Cache;
 use crate::meta::{DirListing, EntryKind};
-use crate::store::{ObjectStore, Segments};
+use crate::store::{ObjectStore, Segments, Urgency};
 use crate::telemetry::metrics as m;
 
 /// An object prefetched but not opened for this long is dropped (waste). 10
@@ -397,8 +397,10 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             };
             let store = self.store.clone();
             let (key, etag, size) = (c.key.clone(), c.etag.clone(), c.size);
-            let part = Part::spawn(0, size, reservation, async move {
-                let got = store.get_range(&key, 0..size, &etag).await;
+            let urgency = Urgency::ahead();
+            let u = urgency.clone();
+            let part = Part::spawn(0, size, reservation, urgency, async move {
+                let got = store.get_range_ahead(&key, 0..size, &etag, u).await;
                 if got.is_ok() {
                     metrics::counter!(m::SMALL_PREFETCH_OBJECTS).increment(1);
                     metrics::counter!(m::SMALL_PREFETCH_BYTES).increment(size);

@@ -19,8 +19,8 @@
 //!   down (backoff) instead of leaving every later 503 one attempt. The
 //!   connection of a failed attempt is not reused.
 //! * **Hedging**: a GET whose headers are late by the recent 95th
-//!   percentile is sent a second time ([`super::hedge`]); the first sound
-//!   answer is read. A body that pauses as long gets a GET of its rest the
+//!   percentile, and that a reader waits for, is sent a second time
+//!   ([`super::hedge`]); the first sound answer is read. A body that pauses as long gets a GET of its rest the
 //!   same way, pinned to its ETag.
 //! * **Clock skew**: the server's `Date` header corrects the signing time,
 //!   as the SDK's clock-skew interceptor does; `RequestTimeTooSkewed` is
@@ -65,7 +65,7 @@ use bytes::Bytes;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 
 use super::StoreError;
-use super::hedge::Hedge;
+use super::hedge::{Hedge, Urgency};
 use super::pool::BufferPool;
 use crate::telemetry::metrics as m;
 
@@ -213,7 +213,8 @@ impl DirectGet {
     }
 
     /// GET of `range` (end exclusive, non-empty) of `key`, pinned to `etag`
-    /// when it is not empty, into one buffer from `pool`. Errors as
+    /// when it is not empty, into one buffer from `pool`; hedged only while
+    /// a reader waits for it (`urgency`, `None`: always). Errors as
     /// [`super::ObjectStore::get_range`]; counted in the request metrics
     /// once per call, whatever its attempts.
     pub(super) async fn get_range(
@@ -222,6 +223,7 @@ impl DirectGet {
         key: &str,
         range: Range<u64>,
         etag: &str,
+        urgency: Option<&Urgency>,
     ) -> Result<Bytes, StoreError> {
         let start = Instant::now();
         let want = (range.end - range.start) as usize;
@@ -242,7 +244,7 @@ impl DirectGet {
             let from = range.start + buf.len() as u64;
             let deadline = start + self.deadline;
             let failure = match self
-                .attempt(&url, from..range.end, etag, &mut buf, deadline)
+                .attempt(&url, from..range.end, etag, &mut buf, deadline, urgency)
                 .await
             {
                 Ok(status) => break Ok(status),
@@ -283,9 +285,13 @@ impl DirectGet {
         etag: &str,
         buf: &mut Vec<u8>,
         deadline: Instant,
+        urgency: Option<&Urgency>,
     ) -> Result<&'static str, Failure> {
         let want = (range.end - range.start) as usize;
-        let sent = tokio::time::timeout_at(deadline.into(), self.hedged_send(url, &range, etag));
+        let sent = tokio::time::timeout_at(
+            deadline.into(),
+            self.hedged_send(url, &range, etag, urgency),
+        );
         let answer = match sent.await {
             Ok(a) => a?,
             Err(_) => {
@@ -301,7 +307,7 @@ impl DirectGet {
         let target = buf.len() + want;
         let mut answer = answer;
         let read = self
-            .read_body(url, range.end, etag, &mut answer, buf, target)
+            .read_body(url, range.end, etag, &mut answer, buf, target, urgency)
             .await;
         let poison = |f: Failure| {
             if let Some(c) = answer.connection.get() {
@@ -335,6 +341,8 @@ impl DirectGet {
     /// when it can be pinned to `etag`: a GET of the rest is sent, and if
     /// its headers come before the paused body's next byte, its body is
     /// read instead (`answer` becomes it; the paused connection is closed).
+    /// Only while a reader waits for the bytes (`urgency`).
+    #[allow(clippy::too_many_arguments)]
     async fn read_body(
         &self,
         url: &str,
@@ -343,10 +351,14 @@ impl DirectGet {
         answer: &mut Answer,
         buf: &mut Vec<u8>,
         target: usize,
+        urgency: Option<&Urgency>,
     ) -> Result<(), BodyError> {
-        let hedge = self.hedge.as_ref().filter(|_| !etag.is_empty());
         let stall = self.stall_timeout;
         while buf.len() < target {
+            let hedge = self
+                .hedge
+                .as_ref()
+                .filter(|_| !etag.is_empty() && urgency.is_none_or(Urgency::is_waited));
             let gap = hedge.map_or(stall, |h| h.delay().min(stall));
             let next = match tokio::time::timeout(gap, answer.body.try_next()).await {
                 Ok(n) => n,
@@ -397,9 +409,10 @@ impl DirectGet {
         url: &str,
         range: &Range<u64>,
         etag: &str,
+        urgency: Option<&Urgency>,
     ) -> Result<Answer, Failure> {
         match &self.hedge {
-            Some(hedge) => hedge.run(|| self.send(url, range, etag)).await,
+            Some(hedge) => hedge.run(urgency, || self.send(url, range, etag)).await,
             None => self.send(url, range, etag).await,
         }
     }

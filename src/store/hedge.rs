@@ -8,10 +8,16 @@
 //! quantile instead of its timeout. A budget keeps hedges under
 //! [`MAX_RATIO`] of GETs whatever the latencies do: a server that slows
 //! down as a whole does not get twice the requests.
+//!
+//! A hedge spends server capacity to cut a waiting reader's latency, so a
+//! GET sent ahead of its reader (read-ahead, small-object prefetch) is
+//! hedged only once a reader waits for it ([`Urgency`]): hedging GETs nobody
+//! waits for only loads a busy server further (measured in
+//! bench/RESULTS.md, issue 12).
 
 use std::future::Future;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::telemetry::metrics as m;
@@ -62,6 +68,58 @@ struct Samples {
 
 const MICRO: f64 = 1e6;
 
+/// Whether a reader waits for a GET's bytes: a GET sent ahead of its reader
+/// starts not waited for and is marked when a read has to wait for it. Only
+/// then may it be hedged. Cheap to clone (the clones share the mark).
+#[derive(Clone, Debug, Default)]
+pub struct Urgency(Arc<UrgencyInner>);
+
+#[derive(Debug, Default)]
+struct UrgencyInner {
+    waited: AtomicBool,
+    marked: tokio::sync::Notify,
+}
+
+impl Urgency {
+    /// For a GET sent ahead of any reader: not waited for yet.
+    pub fn ahead() -> Self {
+        Self::default()
+    }
+
+    /// For a GET a reader waits for from the start.
+    pub fn now() -> Self {
+        let u = Self::default();
+        u.mark();
+        u
+    }
+
+    /// Marks the GET as waited for (idempotent).
+    pub fn mark(&self) {
+        if !self.0.waited.swap(true, Ordering::AcqRel) {
+            self.0.marked.notify_waiters();
+        }
+    }
+
+    /// Whether a reader waits for the GET.
+    pub fn is_waited(&self) -> bool {
+        self.0.waited.load(Ordering::Acquire)
+    }
+
+    /// Resolves once a reader waits for the GET.
+    async fn waited(&self) {
+        loop {
+            let marked = self.0.marked.notified();
+            tokio::pin!(marked);
+            // Registered before the check, so a mark between the two wakes it.
+            marked.as_mut().enable();
+            if self.is_waited() {
+                return;
+            }
+            marked.await;
+        }
+    }
+}
+
 impl Hedge {
     /// The hedging of `op` requests (a metrics label).
     pub(super) fn new(op: &'static str) -> Self {
@@ -103,10 +161,11 @@ impl Hedge {
     }
 
     /// Runs `send()`, and once more when the first has not finished after
-    /// the delay and the budget allows: the first success is returned, the
-    /// other request dropped. Either one failing waits for the other; both
-    /// failing returns the later failure.
-    pub(super) async fn run<T, E, F, Fut>(&self, send: F) -> Result<T, E>
+    /// the delay, a reader waits for it (`urgency`: `None` counts as waited
+    /// for) and the budget allows: the first success is returned, the other
+    /// request dropped. Either one failing waits for the other; both failing
+    /// returns the later failure.
+    pub(super) async fn run<T, E, F, Fut>(&self, urgency: Option<&Urgency>, send: F) -> Result<T, E>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -130,6 +189,17 @@ impl Hedge {
                 }
                 Ok(Err(e)) => return Err(e),
                 Err(_) => {}
+            }
+        }
+        if let Some(u) = urgency.filter(|u| !u.is_waited()) {
+            tokio::select! {
+                r = &mut first => {
+                    if r.is_ok() {
+                        self.record(started.elapsed());
+                    }
+                    return r;
+                }
+                () = u.waited() => {}
             }
         }
         if !self.try_spend() {
@@ -233,6 +303,71 @@ mod tests {
             h.record(Duration::from_secs(9));
         }
         assert_eq!(h.delay(), MAX_DELAY);
+    }
+
+    /// A hedge with a 10 ms delay, and a `send` whose first request answers
+    /// `1` after 300 ms and every later one `2` at once; counts the sends.
+    fn slow_first() -> (Hedge, Arc<AtomicU64>, impl Fn() -> BoxedAnswer) {
+        let h = Hedge::new("GET");
+        for _ in 0..WINDOW {
+            h.record(Duration::from_millis(1));
+        }
+        assert_eq!(h.delay(), MIN_DELAY);
+        let sent = Arc::new(AtomicU64::new(0));
+        let n = sent.clone();
+        let send = move || -> BoxedAnswer {
+            let first = n.fetch_add(1, Ordering::SeqCst) == 0;
+            Box::pin(async move {
+                if first {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    Ok(1)
+                } else {
+                    Ok(2)
+                }
+            })
+        };
+        (h, sent, send)
+    }
+
+    type BoxedAnswer = std::pin::Pin<Box<dyn Future<Output = Result<u32, ()>> + Send>>;
+
+    #[tokio::test]
+    async fn a_late_get_a_reader_waits_for_is_hedged() {
+        let (h, sent, send) = slow_first();
+        assert_eq!(h.run(None, &send).await, Ok(2));
+        assert_eq!(sent.load(Ordering::SeqCst), 2);
+        let (h, sent, send) = slow_first();
+        assert_eq!(h.run(Some(&Urgency::now()), &send).await, Ok(2));
+        assert_eq!(sent.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_get_ahead_of_its_reader_is_not_hedged() {
+        let (h, sent, send) = slow_first();
+        let started = Instant::now();
+        assert_eq!(h.run(Some(&Urgency::ahead()), &send).await, Ok(1));
+        assert_eq!(sent.load(Ordering::SeqCst), 1);
+        assert!(started.elapsed() >= Duration::from_millis(300));
+    }
+
+    #[tokio::test]
+    async fn a_get_ahead_is_hedged_once_a_reader_waits() {
+        let (h, sent, send) = slow_first();
+        let urgency = Urgency::ahead();
+        let u = urgency.clone();
+        let waits = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            u.mark();
+        });
+        let started = Instant::now();
+        assert_eq!(h.run(Some(&urgency), &send).await, Ok(2));
+        assert_eq!(sent.load(Ordering::SeqCst), 2);
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(50) && took < Duration::from_millis(300),
+            "{took:?}"
+        );
+        waits.await.unwrap();
     }
 
     #[test]

@@ -22,6 +22,7 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 
+pub use hedge::Urgency;
 pub use segments::Segments;
 
 /// Maximum keys one ListObjectsV2 page returns (the S3 API limit, see
@@ -124,6 +125,20 @@ pub trait ObjectStore: Send + Sync + 'static {
         range: Range<u64>,
         etag: &str,
     ) -> impl Future<Output = Result<Bytes, StoreError>> + Send;
+
+    /// [`Self::get_range`] for a GET sent ahead of its reader (read-ahead,
+    /// prefetch): a late one is hedged only once `urgency` is marked (a
+    /// reader waits for it). Stores that do not hedge ignore it.
+    fn get_range_ahead(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        etag: &str,
+        urgency: Urgency,
+    ) -> impl Future<Output = Result<Bytes, StoreError>> + Send {
+        let _ = urgency;
+        self.get_range(key, range, etag)
+    }
 }
 
 /// Most parts one multipart upload may have (S3 limit, "Amazon S3 multipart

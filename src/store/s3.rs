@@ -510,7 +510,7 @@ impl ObjectStore for S3Store {
             let start = Instant::now();
             let url = self.url_listing.load(Relaxed);
             let mut res = match &self.list_hedge {
-                Some(h) => h.run(|| request(url)).await,
+                Some(h) => h.run(None, || request(url)).await,
                 None => request(url).await,
             };
             if url
@@ -629,6 +629,24 @@ impl ObjectStore for S3Store {
         }
     }
 
+    async fn get_range_ahead(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        etag: &str,
+        urgency: super::Urgency,
+    ) -> Result<Bytes, StoreError> {
+        match &self.direct {
+            Some(direct) => {
+                direct
+                    .get_range(&self.pool, key, range, etag, Some(&urgency))
+                    .await
+            }
+            // The SDK's path does not hedge.
+            None => self.get_range(key, range, etag).await,
+        }
+    }
+
     async fn get_range(
         &self,
         key: &str,
@@ -637,7 +655,7 @@ impl ObjectStore for S3Store {
     ) -> Result<Bytes, StoreError> {
         debug_assert!(range.start < range.end);
         if let Some(direct) = &self.direct {
-            return direct.get_range(&self.pool, key, range, etag).await;
+            return direct.get_range(&self.pool, key, range, etag, None).await;
         }
         let start = Instant::now();
         let res = self
