@@ -200,15 +200,20 @@ def make_mount(name, a, g, cache_dir, data_bytes=0):
         cmd = [binary, "mount", f"s3://{BUCKET}", mnt, "--endpoint-url", g.endpoint, "--region", g.region]
         if "nocache" not in name:
             cmd += ["--cache-dir", cache_dir]
-        if name in LAKEMOUNT_TOML:
+        toml = LAKEMOUNT_TOML.get(name)
+        if toml is None and a.lakemount_config:
+            with open(a.lakemount_config) as f:
+                toml = f.read()
+        if toml is not None:
             conf = os.path.join(a.bench_dir, "logs", f"torch-{name}.toml")
             with open(conf, "w") as f:
-                f.write(LAKEMOUNT_TOML[name].format(half=data_bytes // 2))
+                f.write(toml.format(half=data_bytes // 2) if name in LAKEMOUNT_TOML else toml)
             cmd += ["--config", conf]
         shown = "AWS_ACCESS_KEY_ID=.. AWS_SECRET_ACCESS_KEY=.. " + " ".join(
             [getattr(a, "lakemount_shown", binary), *cmd[1:]]).replace(h.REPO + "/", "")
-        if name in LAKEMOUNT_TOML:
-            shown += "   # the config file: " + LAKEMOUNT_TOML[name].format(half=data_bytes // 2).strip().replace("\n", "; ")
+        if toml is not None:
+            shown += "   # the config file: " + (toml.format(half=data_bytes // 2) if name in LAKEMOUNT_TOML
+                                                    else toml).strip().replace("\n", "; ")
         return h.Mount(name, cmd, env, mnt, logpath, shown.replace(cache_dir, "CACHE_DIR"))
     if name == "mount-s3":
         binary = h.mount_s3_binary()
@@ -725,6 +730,8 @@ def main():
                         "copy taken at its start ($BENCH_DIR/bin/lakemount-torch)")
     p.add_argument("--epoch-timeout", type=float, default=1800, help="seconds an epoch may take before it fails")
     p.add_argument("--bench-dir", default=os.environ.get("BENCH_DIR") or os.path.join(os.path.dirname(h.REPO), "bench-data"))
+    p.add_argument("--lakemount-config", help="a lakemount config file for the lakemount systems that have none "
+                   "of their own (lakemount, lakemount-nocache), to try a setting; shown in the commands")
     p.add_argument("--python", help="the venv's python (default $BENCH_DIR/torch-venv/bin/python)")
     p.add_argument("--memserver", default=os.path.join(h.REPO, "target", "release", "lakemount-testserver"))
     p.add_argument("--rawget", default=os.path.join(HERE, "rawget", "target", "release", "rawget"))
