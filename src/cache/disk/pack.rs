@@ -31,6 +31,13 @@ use crate::cache::packfile::{self, HEADER_LEN, RecHeader};
 const PACK_SCAN_WAIT: Duration = Duration::from_secs(5);
 /// Pack files kept open for reads.
 pub(super) const OPEN_PACKS: usize = 64;
+/// How long the pack writer, woken by a first object, lets more gather
+/// before it writes: objects arrive one per open at thousands per second in
+/// a small-file epoch, and a wakeup per object cost the writer a sleep and a
+/// wake each. Admitted objects are served from memory until written.
+const LINGER: Duration = Duration::from_millis(5);
+/// Objects queued past which the writer does not linger.
+const LINGER_MAX_ITEMS: usize = 256;
 
 /// Packed objects admitted and not yet written: (block key, object size,
 /// bytes), for the one pack writer thread ([`writer`]). One thread, because
@@ -43,10 +50,16 @@ pub(super) struct PackQueue {
 }
 
 impl PackQueue {
-    /// Queues one object for the writer.
+    /// Queues one object for the writer; wakes it only when the queue was
+    /// empty (otherwise it is writing or gathering, and drains again).
     pub(super) fn push(&self, pk: PieceKey, size: u64, data: Bytes) {
-        self.items.lock().unwrap().push_back((pk, size, data));
-        self.ready.notify_one();
+        let mut items = self.items.lock().unwrap();
+        let was_empty = items.is_empty();
+        items.push_back((pk, size, data));
+        drop(items);
+        if was_empty {
+            self.ready.notify_one();
+        }
     }
 }
 
@@ -56,15 +69,22 @@ pub(super) fn writer(cache: Weak<DiskCache>, queue: Arc<PackQueue>) {
     loop {
         let batch: Vec<_> = {
             let mut items = queue.items.lock().unwrap();
-            while items.is_empty() {
-                if cache.strong_count() == 0 {
-                    return;
+            if items.is_empty() {
+                while items.is_empty() {
+                    if cache.strong_count() == 0 {
+                        return;
+                    }
+                    items = queue
+                        .ready
+                        .wait_timeout(items, Duration::from_secs(1))
+                        .unwrap()
+                        .0;
                 }
-                items = queue
-                    .ready
-                    .wait_timeout(items, Duration::from_secs(1))
-                    .unwrap()
-                    .0;
+                if items.len() < LINGER_MAX_ITEMS {
+                    drop(items);
+                    std::thread::sleep(LINGER);
+                    items = queue.items.lock().unwrap();
+                }
             }
             items.drain(..).collect()
         };
