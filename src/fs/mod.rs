@@ -548,7 +548,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         };
         let pending = reader.begin_read(offset, size);
         if let (Some((key, prefix, before)), Some(small)) = (prefetch_dir, &self.small)
-            && small.may_scan(&key, &prefix, before, self.meta.config().ttl())
+            && small.first_read(&key, &prefix, before, self.meta.config().ttl())
         {
             // This small object is read through lakemount without having
             // been prefetched: fetch its directory's others, from the

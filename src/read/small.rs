@@ -49,6 +49,11 @@ use crate::telemetry::metrics as m;
 /// memory of objects a loader never opens comes back.
 pub const UNREAD_TTL: Duration = Duration::from_secs(600);
 
+/// How long before a directory's round began an open may have come and
+/// still count in that round: opens of several readers racing with the
+/// scan of the first ([`SmallPrefetch::first_read`]).
+const RACE_WINDOW: Duration = Duration::from_secs(1);
+
 /// Directories remembered as scanned, and keys remembered as opened, at
 /// most; the older half is forgotten beyond it (about 100 bytes each).
 const MAX_REMEMBERED: usize = 1_000_000;
@@ -220,31 +225,37 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         Taken::Prefetched(held.part)
     }
 
-    /// Whether a miss in directory `prefix` (`opened_before` from
-    /// [`Taken::Missed`]) may lead [`SmallPrefetch::missed`] to scan: not
-    /// while the directory's last scan, in the current round, is of a
-    /// listing fetched less than `ttl` (the metadata TTL) ago, which is the
-    /// case of every open after a directory's first in a round. Checked on
-    /// the opening thread, to spare those opens a task each. (A listing
-    /// fetched anew within its TTL is then scanned at the next round.) Also
-    /// when `key` was opened before the round began (a racing open's scan,
-    /// which may have queued it): [`SmallPrefetch::missed`] takes it out.
-    pub fn may_scan(
+    /// The first read of an open of small object `key` in directory
+    /// `prefix` that found nothing prefetched (`opened_before` from
+    /// [`Taken::Missed`]). A copy of `key` queued or fetched since that open
+    /// was put there by another reader's scan racing with it (the open took
+    /// any earlier one out): it is dropped, as the opener reads `key`
+    /// itself; and when `key` was opened shortly before the directory's
+    /// round began, the round is moved back to that open, so a scan still
+    /// running skips `key` too. Returns whether the miss may lead
+    /// [`SmallPrefetch::missed`] to scan: not while the directory's last
+    /// scan, in the current round, is of a listing fetched less than `ttl`
+    /// (the metadata TTL) ago, which is the case of every open after a
+    /// directory's first in a round. Called on the opening thread, to spare
+    /// those opens a task each. (A listing fetched anew within its TTL is
+    /// then scanned at the next round.)
+    pub fn first_read(
         &self,
         key: &str,
         prefix: &str,
         opened_before: Option<Instant>,
         ttl: Duration,
     ) -> bool {
-        let inner = self.inner.lock().unwrap();
-        match inner.scanned.get(prefix) {
-            Some(s) => {
-                opened_before.is_some_and(|t| t >= s.round)
-                    || s.listing.elapsed() >= ttl
-                    || inner.opened.get(key).is_some_and(|t| *t < s.round)
-            }
+        let mut inner = self.inner.lock().unwrap();
+        let duplicate = racing_copy(&mut inner, key, prefix);
+        let scan = match inner.scanned.get(prefix) {
+            Some(s) => opened_before.is_some_and(|t| t >= s.round) || s.listing.elapsed() >= ttl,
             None => true,
-        }
+        };
+        drop(inner);
+        // Dropped after the lock: dropping a part may cancel its GET.
+        drop(duplicate);
+        scan
     }
 
     /// Small object `key` in directory `prefix` was read through lakemount
@@ -274,49 +285,34 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         let (round, duplicate) = {
             let mut inner = self.inner.lock().unwrap();
             let now = inner.opened.get(key).copied().unwrap_or_else(Instant::now);
-            // `key` is read by its opener: a scan racing with this open
-            // (another reader's first open of the directory) must not fetch
-            // it too, nor hold a copy nobody will open.
-            inner.queued.remove(key);
-            let duplicate = inner.held.remove(key);
-            if let Some(h) = &duplicate {
-                inner.unread -= h.size;
-                metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => "opened").increment(1);
-            }
+            // A scan of another reader's first read may have run since
+            // this key's first read looked.
+            let duplicate = racing_copy(&mut inner, key, prefix);
             let scan = match inner.scanned.get(prefix).copied() {
                 // Read again in this round: the next round (epoch) began.
-                Some(s) if opened_before.is_some_and(|t| t >= s.round) => Some(Scan {
+                Some(s) if opened_before.is_some_and(|t| t >= s.round) => Scan {
                     listing: listing.fetched,
                     round: now,
-                }),
-                // Scanned by a racing open: its round starts at this open
-                // when this one came first, so that its queueing skips `key`.
+                },
                 Some(s) if s.listing == listing.fetched => {
-                    if now < s.round {
-                        remember(&mut inner.scanned, prefix, Scan { round: now, ..s });
-                    }
-                    None
+                    drop(inner);
+                    drop(duplicate);
+                    self.pump();
+                    return;
                 }
-                Some(s) => Some(Scan {
+                Some(s) => Scan {
                     listing: listing.fetched,
-                    round: s.round,
-                }),
-                None => Some(Scan {
+                    round: s.round.min(now),
+                },
+                None => Scan {
                     listing: listing.fetched,
                     round: now,
-                }),
+                },
             };
-            if let Some(scan) = scan {
-                remember(&mut inner.scanned, prefix, scan);
-            }
-            (scan.map(|s| s.round), duplicate)
+            remember(&mut inner.scanned, prefix, scan);
+            (scan.round, duplicate)
         };
-        // Dropped after the lock: dropping a part may cancel its GET.
         drop(duplicate);
-        let Some(round) = round else {
-            self.pump();
-            return;
-        };
         let candidates: Vec<Candidate> = listing
             .entries
             .iter()
@@ -502,6 +498,29 @@ fn expire(inner: &mut Inner, now: Instant) -> Vec<HeldObject> {
 
 /// Records `key` -> `v` in a map of at most [`MAX_REMEMBERED`] entries (an
 /// arbitrary half goes when it is full); returns the value it replaces.
+/// `key`, opened with nothing prefetched, is read by its opener: a copy a
+/// racing scan queued or fetched since that open (the open took any earlier
+/// one out) is taken out and returned, to be dropped outside the lock; and
+/// when `key` was opened shortly before the round of `prefix` began, the
+/// round is moved back to that open, so a scan still running skips `key`.
+fn racing_copy(inner: &mut Inner, key: &str, prefix: &str) -> Option<HeldObject> {
+    inner.queued.remove(key);
+    let copy = inner.held.remove(key);
+    if let Some(h) = &copy {
+        inner.unread -= h.size;
+        metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => "opened").increment(1);
+    }
+    if let (Some(t), Some(s)) = (
+        inner.opened.get(key).copied(),
+        inner.scanned.get(prefix).copied(),
+    ) && t < s.round
+        && s.round - t <= RACE_WINDOW
+    {
+        remember(&mut inner.scanned, prefix, Scan { round: t, ..s });
+    }
+    copy
+}
+
 fn remember<V>(map: &mut HashMap<String, V>, key: &str, v: V) -> Option<V> {
     if map.len() >= MAX_REMEMBERED && !map.contains_key(key) {
         let mut n = 0usize;
@@ -602,47 +621,75 @@ mod tests {
         assert_eq!(p.unread_bytes(), 300);
     }
 
-    /// Two readers open their first objects of a directory at once: the
-    /// scan of the later open (whose round starts after the earlier open)
-    /// must not fetch the earlier one's object, which its opener reads
-    /// itself, whichever of the two scans runs first.
+    /// The held objects' keys, sorted.
+    fn held_keys(p: &SmallPrefetch<MemStore>) -> Vec<String> {
+        let inner = p.inner.lock().unwrap();
+        let mut k: Vec<String> = inner.held.keys().cloned().collect();
+        k.sort();
+        k
+    }
+
+    /// Readers open their first objects of a directory at once: whichever
+    /// first read scans, and whether the others' first reads come before
+    /// or after that scan, no object opened in that race is fetched again
+    /// (its opener reads it), nor held unread; later first reads of the
+    /// round do not scan.
     #[tokio::test]
-    async fn an_object_opened_during_a_racing_scan_is_not_fetched_again() {
+    async fn objects_opened_in_a_race_with_a_scan_are_not_fetched_again() {
+        let ttl = Duration::from_secs(60);
         for in_flight in [1, 64] {
+            // Three openers; the last one's first read scans first.
             let store = Arc::new(MemStore::default());
             let listing = dir(&store, 6, 100);
             let p = prefetcher(&store, 1000, in_flight);
             let etag = |i: usize| listing.entries[i].etag.clone();
-            assert!(matches!(
-                p.take("d/k001", &etag(1), 100),
-                Taken::Missed(None)
-            ));
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            assert!(matches!(
-                p.take("d/k000", &etag(0), 100),
-                Taken::Missed(None)
-            ));
-            let ttl = Duration::from_secs(60);
-            assert!(p.may_scan("d/k000", "d/", None, ttl));
+            for i in [1, 2, 0] {
+                assert!(matches!(
+                    p.take(&format!("d/k{i:03}"), &etag(i), 100),
+                    Taken::Missed(None)
+                ));
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            assert!(p.first_read("d/k000", "d/", None, ttl));
             p.missed("d/k000", "d/", listing.clone(), None).await;
-            // The directory is scanned, in a round k001's open came before.
-            assert!(p.may_scan("d/k001", "d/", None, ttl));
+            assert!(!p.first_read("d/k001", "d/", None, ttl));
+            assert!(!p.first_read("d/k002", "d/", None, ttl));
+            settle(&p).await;
+            assert_eq!(held_keys(&p), ["d/k003", "d/k004", "d/k005"]);
+            assert_eq!(p.unread_bytes(), 300);
+            assert_eq!(p.queued(), 0);
+
+            // Two openers; the earlier one's first read scans first.
+            let store = Arc::new(MemStore::default());
+            let listing = dir(&store, 6, 100);
+            let p = prefetcher(&store, 1000, in_flight);
+            let etag = |i: usize| listing.entries[i].etag.clone();
+            p.take("d/k001", &etag(1), 100);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            p.take("d/k000", &etag(0), 100);
+            assert!(p.first_read("d/k001", "d/", None, ttl));
+            p.missed("d/k001", "d/", listing.clone(), None).await;
+            assert!(!p.first_read("d/k000", "d/", None, ttl));
+            settle(&p).await;
+            assert_eq!(held_keys(&p), ["d/k002", "d/k003", "d/k004", "d/k005"]);
+            assert_eq!(p.unread_bytes(), 400);
+
+            // Both first reads before either scan; the later opener's scan
+            // runs first and queues the earlier one's object.
+            let store = Arc::new(MemStore::default());
+            let listing = dir(&store, 6, 100);
+            let p = prefetcher(&store, 1000, in_flight);
+            let etag = |i: usize| listing.entries[i].etag.clone();
+            p.take("d/k001", &etag(1), 100);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            p.take("d/k000", &etag(0), 100);
+            assert!(p.first_read("d/k001", "d/", None, ttl));
+            assert!(p.first_read("d/k000", "d/", None, ttl));
+            p.missed("d/k000", "d/", listing.clone(), None).await;
             p.missed("d/k001", "d/", listing.clone(), None).await;
             settle(&p).await;
-            let held: Vec<String> = {
-                let inner = p.inner.lock().unwrap();
-                let mut k: Vec<String> = inner.held.keys().cloned().collect();
-                k.sort();
-                k
-            };
-            assert_eq!(held, ["d/k002", "d/k003", "d/k004", "d/k005"]);
+            assert_eq!(held_keys(&p), ["d/k002", "d/k003", "d/k004", "d/k005"]);
             assert_eq!(p.unread_bytes(), 400);
-            // The round now starts at k001's open: no more scans of it.
-            assert!(!p.may_scan("d/k001", "d/", None, ttl));
-            assert!(!p.may_scan("d/k002", "d/", None, ttl));
-            p.missed("d/k002", "d/", listing.clone(), None).await;
-            settle(&p).await;
-            assert!(!p.inner.lock().unwrap().held.contains_key("d/k001"));
         }
     }
 
@@ -747,26 +794,26 @@ mod tests {
         let listing = dir(&store, 4, 100);
         let p = prefetcher(&store, 1000, 64);
         let ttl = Duration::from_secs(60);
-        assert!(p.may_scan("d/k000", "d/", None, ttl));
+        assert!(p.first_read("d/k000", "d/", None, ttl));
         let Taken::Missed(None) = p.take("d/k000", &listing.entries[0].etag, 100) else {
             panic!("k000 not opened before");
         };
         p.missed("d/k000", "d/", listing.clone(), None).await;
         settle(&p).await;
         assert!(
-            !p.may_scan("d/k001", "d/", None, ttl),
+            !p.first_read("d/k001", "d/", None, ttl),
             "same round, fresh listing"
         );
-        assert!(p.may_scan("e/k000", "e/", None, ttl), "another directory");
+        assert!(p.first_read("e/k000", "e/", None, ttl), "another directory");
         let Taken::Missed(Some(before)) = p.take("d/k000", &listing.entries[0].etag, 100) else {
             panic!("k000 was opened before");
         };
         assert!(
-            p.may_scan("d/k000", "d/", Some(before), ttl),
+            p.first_read("d/k000", "d/", Some(before), ttl),
             "read again: next round"
         );
         assert!(
-            p.may_scan("d/k001", "d/", None, Duration::ZERO),
+            p.first_read("d/k001", "d/", None, Duration::ZERO),
             "listing past its TTL"
         );
     }
