@@ -878,6 +878,55 @@ fn a_body_that_stops_is_continued_by_a_hedge_before_the_stall_timeout() {
     );
 }
 
+/// A prefetch GET whose body stops part way while no reader waits for it
+/// (the stall timeout set to 60 s) is not hedged then, and is hedged as soon
+/// as a reader opens the file and waits: the file reads back exactly, long
+/// before the stall timeout.
+#[test]
+fn a_prefetch_body_that_stops_is_hedged_once_a_reader_waits() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "hedgepause");
+    let warm: Vec<(String, Vec<u8>)> = (0..200)
+        .map(|i| (format!("warm/f{i:03}"), data(3_000 + i, i as u64)))
+        .collect();
+    for (k, d) in &warm {
+        srv.put(&b, k, d.clone());
+    }
+    srv.put(&b, "pause/a", data(5_000, 41));
+    srv.put(&b, "pause/z", data(600_000, 42));
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .config(&format!(
+            "[s3]\nstall_timeout_secs = 60.0\n[read]\nsmall_max_in_flight = 4\n\
+             [telemetry]\nmetrics_addr = \"{addr}\"\n"
+        ))
+        .mount();
+    assert!(read_all_4(&m, &warm).is_empty());
+    assert_eq!(names(&m.p("pause")), ["a", "z"]);
+    srv.break_bodies("pause/z", 100_000, true, 1);
+    // Reading `a` starts the prefetch of `z`, whose body stops after
+    // 100,000 bytes; nobody waits for it yet.
+    assert_eq!(std::fs::read(m.p("pause/a")).unwrap(), data(5_000, 41));
+    std::thread::sleep(Duration::from_millis(1_500));
+    let hedges = || {
+        let body = scrape(&addr);
+        metric(&body, "lakemount_s3_hedges_total{op=\"GET\",won=\"hedge\"}")
+            + metric(&body, "lakemount_s3_hedges_total{op=\"GET\",won=\"first\"}")
+    };
+    assert_eq!(hedges(), 0.0, "hedged while nobody waited");
+    let t = Instant::now();
+    let got = std::fs::read(m.p("pause/z")).unwrap();
+    let took = t.elapsed();
+    assert!(got == data(600_000, 42), "bytes differ");
+    assert!(
+        took < Duration::from_secs(20),
+        "the stopped body was waited out: {took:?}\n{}",
+        m.log()
+    );
+    assert_eq!(hedges(), 1.0);
+}
+
 /// Credentials from a `credential_process` that expire every few seconds,
 /// and whose process fails twice in a row on its second and third runs (a
 /// provider that is down for a moment), are refreshed while files are read:

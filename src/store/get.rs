@@ -20,8 +20,9 @@
 //!   connection of a failed attempt is not reused.
 //! * **Hedging**: a GET whose headers are late by the recent 95th
 //!   percentile, and that a reader waits for, is sent a second time
-//!   ([`super::hedge`]); the first sound answer is read. A body that pauses as long gets a GET of its rest the
-//!   same way, pinned to its ETag.
+//!   ([`super::hedge`]); the first sound answer is read. A body that
+//!   pauses as long while a reader waits gets a GET of its rest the same
+//!   way, pinned to its ETag.
 //! * **Clock skew**: the server's `Date` header corrects the signing time,
 //!   as the SDK's clock-skew interceptor does; `RequestTimeTooSkewed` is
 //!   retried with the corrected time.
@@ -354,43 +355,61 @@ impl DirectGet {
         urgency: Option<&Urgency>,
     ) -> Result<(), BodyError> {
         let stall = self.stall_timeout;
+        let hedge = self.hedge.as_ref().filter(|_| !etag.is_empty());
         while buf.len() < target {
-            let hedge = self
-                .hedge
-                .as_ref()
-                .filter(|_| !etag.is_empty() && urgency.is_none_or(Urgency::is_waited));
-            let gap = hedge.map_or(stall, |h| h.delay().min(stall));
-            let next = match tokio::time::timeout(gap, answer.body.try_next()).await {
-                Ok(n) => n,
-                Err(_) if gap >= stall => return Err(BodyError::Stalled(stall)),
-                Err(_) => {
-                    let left = stall.saturating_sub(gap);
-                    let hedged = hedge.filter(|h| h.try_spend());
-                    if hedged.is_none() {
-                        tokio::time::timeout(left, answer.body.try_next())
-                            .await
-                            .map_err(|_| BodyError::Stalled(stall))?
-                    } else {
-                        let rest = end - (target - buf.len()) as u64..end;
-                        let resume = self.send(url, &rest, etag);
-                        // A failed resume disables its branch: the paused
-                        // body may still go on, until the stall timeout.
-                        tokio::select! {
-                            n = tokio::time::timeout(left, answer.body.try_next()) => {
-                                let n = n.map_err(|_| BodyError::Stalled(stall))?;
-                                m::s3_hedge(m::OP_GET, m::HEDGE_FIRST_WON);
-                                n
+            let paused = Instant::now();
+            let stall_at = paused + stall;
+            // The next chunk, or `None` at the hedge delay (counted only
+            // while a reader waits for these bytes) or the stall timeout.
+            let next = loop {
+                let waiting = urgency.filter(|u| !u.is_waited());
+                let hedge_at = match hedge {
+                    Some(h) if waiting.is_none() => (paused + h.delay()).min(stall_at),
+                    _ => stall_at,
+                };
+                let marked = async {
+                    match waiting {
+                        Some(u) => u.waited().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    n = answer.body.try_next() => break Some(n),
+                    () = tokio::time::sleep_until(hedge_at.into()) => break None,
+                    // A reader waits now: the delay counts from the pause.
+                    () = marked => {}
+                }
+            };
+            let next = match (next, hedge) {
+                (Some(n), _) => n,
+                (None, Some(h)) if Instant::now() < stall_at && h.try_spend() => {
+                    let left = stall_at.saturating_duration_since(Instant::now());
+                    let rest = end - (target - buf.len()) as u64..end;
+                    let resume = self.send(url, &rest, etag);
+                    // A failed resume disables its branch: the paused
+                    // body may still go on, until the stall timeout.
+                    tokio::select! {
+                        n = tokio::time::timeout(left, answer.body.try_next()) => {
+                            let n = n.map_err(|_| BodyError::Stalled(stall))?;
+                            m::s3_hedge(m::OP_GET, m::HEDGE_FIRST_WON);
+                            n
+                        }
+                        Ok(new) = resume => {
+                            m::s3_hedge(m::OP_GET, m::HEDGE_WON);
+                            if let Some(c) = answer.connection.get() {
+                                c.poison();
                             }
-                            Ok(new) = resume => {
-                                m::s3_hedge(m::OP_GET, m::HEDGE_WON);
-                                if let Some(c) = answer.connection.get() {
-                                    c.poison();
-                                }
-                                *answer = new;
-                                continue;
-                            }
+                            *answer = new;
+                            continue;
                         }
                     }
+                }
+                (None, _) => {
+                    // Stalled, or no hedge left in the budget.
+                    let left = stall_at.saturating_duration_since(Instant::now());
+                    tokio::time::timeout(left, answer.body.try_next())
+                        .await
+                        .map_err(|_| BodyError::Stalled(stall))?
                 }
             };
             let chunk = match next {

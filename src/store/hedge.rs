@@ -106,7 +106,7 @@ impl Urgency {
     }
 
     /// Resolves once a reader waits for the GET.
-    async fn waited(&self) {
+    pub(super) async fn waited(&self) {
         loop {
             let marked = self.0.marked.notified();
             tokio::pin!(marked);
