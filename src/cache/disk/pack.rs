@@ -36,7 +36,7 @@ pub(super) const OPEN_PACKS: usize = 64;
 /// a small-file epoch, and a wakeup per object cost the writer a sleep and a
 /// wake each. Admitted objects are served from memory until written.
 const LINGER: Duration = Duration::from_millis(5);
-/// Objects queued past which the writer does not linger.
+/// Objects queued at which the writer stops gathering and writes.
 const LINGER_MAX_ITEMS: usize = 256;
 
 /// Packed objects admitted and not yet written: (block key, object size,
@@ -51,13 +51,15 @@ pub(super) struct PackQueue {
 
 impl PackQueue {
     /// Queues one object for the writer; wakes it only when the queue was
-    /// empty (otherwise it is writing or gathering, and drains again).
+    /// empty (otherwise it is writing or gathering, and drains again) or
+    /// has reached [`LINGER_MAX_ITEMS`] (ends its gathering).
     pub(super) fn push(&self, pk: PieceKey, size: u64, data: Bytes) {
         let mut items = self.items.lock().unwrap();
         let was_empty = items.is_empty();
         items.push_back((pk, size, data));
+        let wake = was_empty || items.len() == LINGER_MAX_ITEMS;
         drop(items);
-        if was_empty {
+        if wake {
             self.ready.notify_one();
         }
     }
@@ -80,11 +82,11 @@ pub(super) fn writer(cache: Weak<DiskCache>, queue: Arc<PackQueue>) {
                         .unwrap()
                         .0;
                 }
-                if items.len() < LINGER_MAX_ITEMS {
-                    drop(items);
-                    std::thread::sleep(LINGER);
-                    items = queue.items.lock().unwrap();
-                }
+                items = queue
+                    .ready
+                    .wait_timeout_while(items, LINGER, |q| q.len() < LINGER_MAX_ITEMS)
+                    .unwrap()
+                    .0;
             }
             items.drain(..).collect()
         };
