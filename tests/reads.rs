@@ -705,6 +705,45 @@ fn missing_object_is_enoent_not_eio() {
     assert!(buf.is_empty());
 }
 
+/// Metric of hedged GETs the hedge answered first.
+const HEDGE_WON: &str = "lakemount_s3_hedges_total{op=\"GET\",won=\"hedge\"}";
+
+/// A mount of bucket `b` on `srv` with `config` (TOML: at most 4
+/// prefetch GETs at once unless it sets `[read]`, and a metrics endpoint
+/// added) that knows the server's latencies: 200 small files under `warm/`
+/// read through it, 4 at a time. Few GETs at once: a burst that queues at
+/// the server is hedged too, and would spend the hedge budget (20 at once,
+/// then 1 per 10 GETs). Returns the mount and its metrics address.
+fn mount_knowing_latencies(srv: &TestServer, b: &str, config: &str) -> (Mount, String) {
+    let warm: Vec<(String, Vec<u8>)> = (0..200)
+        .map(|i| (format!("warm/f{i:03}"), data(3_000 + i, i as u64)))
+        .collect();
+    for (k, d) in &warm {
+        srv.put(b, k, d.clone());
+    }
+    let addr = format!("127.0.0.1:{}", free_port());
+    let read = if config.contains("[read]") {
+        ""
+    } else {
+        "[read]\nsmall_max_in_flight = 4\n"
+    };
+    let m = MountSpec::new(b)
+        .server(srv)
+        .config(&format!(
+            "{config}{read}[telemetry]\nmetrics_addr = \"{addr}\"\n"
+        ))
+        .mount();
+    assert!(read_all_4(&m, &warm).is_empty());
+    (m, addr)
+}
+
+/// Hedged GETs so far, whichever request answered first, from the metrics
+/// endpoint at `addr`.
+fn hedges(addr: &str) -> f64 {
+    let body = scrape(addr);
+    metric(&body, HEDGE_WON) + metric(&body, "lakemount_s3_hedges_total{op=\"GET\",won=\"first\"}")
+}
+
 /// GETs the server holds (their answers 30 s late, with a 60 s attempt
 /// timeout) are answered by their hedges once the mount knows the server's
 /// latencies: byte-exact, in a fraction of the hold, and counted.
@@ -712,9 +751,6 @@ fn missing_object_is_enoent_not_eio() {
 fn gets_the_server_holds_are_answered_by_their_hedges() {
     let srv = private_server();
     let b = bucket_on(&srv, "hedge");
-    let warm: Vec<(String, Vec<u8>)> = (0..200)
-        .map(|i| (format!("warm/f{i:03}"), data(3_000 + i, i as u64)))
-        .collect();
     let held: Vec<(String, Vec<u8>)> = (0..12)
         .map(|i| {
             (
@@ -723,21 +759,11 @@ fn gets_the_server_holds_are_answered_by_their_hedges() {
             )
         })
         .collect();
-    for (k, d) in warm.iter().chain(&held) {
+    for (k, d) in &held {
         srv.put(&b, k, d.clone());
     }
-    let addr = format!("127.0.0.1:{}", free_port());
-    let m = MountSpec::new(&b)
-        .server(&srv)
-        .config(&format!(
-            "[s3]\nattempt_timeout_secs = 60.0\n[read]\nsmall_max_in_flight = 4\n\
-             [telemetry]\nmetrics_addr = \"{addr}\"\n"
-        ))
-        .mount();
-    // Latencies to hedge by; the listing of held/ before its keys are held.
-    // Few GETs at once: a burst that queues at the server is hedged too, and
-    // would spend the hedge budget (20 at once, then 1 per 10 GETs) here.
-    assert!(read_all_4(&m, &warm).is_empty());
+    let (m, addr) = mount_knowing_latencies(&srv, &b, "[s3]\nattempt_timeout_secs = 60.0\n");
+    // The listing of held/ before its keys are held.
     assert_eq!(names(&m.p("held")).len(), held.len());
     srv.hold_first_per_key(Duration::from_secs(30), 1);
     let t = Instant::now();
@@ -751,7 +777,7 @@ fn gets_the_server_holds_are_answered_by_their_hedges() {
         m.log()
     );
     let body = scrape(&addr);
-    let won = metric(&body, "lakemount_s3_hedges_total{op=\"GET\",won=\"hedge\"}");
+    let won = metric(&body, HEDGE_WON);
     // A held prefetch GET of a key opened in a race with its scan is
     // dropped, and the opener's own GET (not held: the second of its key)
     // needs no hedge.
@@ -772,9 +798,6 @@ fn gets_the_server_holds_are_answered_by_their_hedges() {
 fn prefetch_gets_nobody_waits_for_are_not_hedged() {
     let srv = private_server();
     let b = bucket_on(&srv, "hedgeahead");
-    let warm: Vec<(String, Vec<u8>)> = (0..200)
-        .map(|i| (format!("warm/f{i:03}"), data(3_000 + i, i as u64)))
-        .collect();
     let ahead: Vec<(String, Vec<u8>)> = (0..16)
         .map(|i| {
             (
@@ -783,24 +806,12 @@ fn prefetch_gets_nobody_waits_for_are_not_hedged() {
             )
         })
         .collect();
-    for (k, d) in warm.iter().chain(&ahead) {
+    for (k, d) in &ahead {
         srv.put(&b, k, d.clone());
     }
-    let addr = format!("127.0.0.1:{}", free_port());
-    let m = MountSpec::new(&b)
-        .server(&srv)
-        .config(&format!(
-            "[read]\nsmall_max_in_flight = 8\n[telemetry]\nmetrics_addr = \"{addr}\"\n"
-        ))
-        .mount();
-    assert!(read_all_4(&m, &warm).is_empty());
+    let (m, addr) = mount_knowing_latencies(&srv, &b, "[read]\nsmall_max_in_flight = 8\n");
     assert_eq!(names(&m.p("ahead")).len(), ahead.len());
-    let hedges = || {
-        let body = scrape(&addr);
-        metric(&body, "lakemount_s3_hedges_total{op=\"GET\",won=\"hedge\"}")
-            + metric(&body, "lakemount_s3_hedges_total{op=\"GET\",won=\"first\"}")
-    };
-    let before = hedges();
+    let before = hedges(&addr);
     srv.hold_first_per_key(Duration::from_secs(1), 1);
     srv.reset_counts();
     // The first open waits for its own GET (hedged) and starts the prefetch
@@ -811,7 +822,7 @@ fn prefetch_gets_nobody_waits_for_are_not_hedged() {
     std::thread::sleep(Duration::from_millis(3_500));
     srv.hold_first_per_key(Duration::ZERO, 0);
     assert!(read_all_4(&m, &ahead[1..]).is_empty());
-    let hedged = hedges() - before;
+    let hedged = hedges(&addr) - before;
     assert_eq!(hedged, 1.0, "hedges: {hedged}\n{}", m.log());
     assert_eq!(
         srv.request_count("GetObject"),
@@ -829,22 +840,8 @@ fn prefetch_gets_nobody_waits_for_are_not_hedged() {
 fn a_body_that_stops_is_continued_by_a_hedge_before_the_stall_timeout() {
     let srv = private_server();
     let b = bucket_on(&srv, "hedgebody");
-    let warm: Vec<(String, Vec<u8>)> = (0..200)
-        .map(|i| (format!("warm/f{i:03}"), data(3_000 + i, i as u64)))
-        .collect();
-    for (k, d) in &warm {
-        srv.put(&b, k, d.clone());
-    }
     srv.put(&b, "stop/big", data(2 << 20, 77));
-    let addr = format!("127.0.0.1:{}", free_port());
-    let m = MountSpec::new(&b)
-        .server(&srv)
-        .config(&format!(
-            "[s3]\nstall_timeout_secs = 60.0\n[read]\nsmall_max_in_flight = 4\n\
-             [telemetry]\nmetrics_addr = \"{addr}\"\n"
-        ))
-        .mount();
-    assert!(read_all_4(&m, &warm).is_empty());
+    let (m, addr) = mount_knowing_latencies(&srv, &b, "[s3]\nstall_timeout_secs = 60.0\n");
     assert_eq!(names(&m.p("stop")), ["big"]);
     srv.reset_counts();
     srv.break_bodies("stop/big", 100_000, true, 1);
@@ -886,35 +883,16 @@ fn a_body_that_stops_is_continued_by_a_hedge_before_the_stall_timeout() {
 fn a_prefetch_body_that_stops_is_hedged_once_a_reader_waits() {
     let srv = private_server();
     let b = bucket_on(&srv, "hedgepause");
-    let warm: Vec<(String, Vec<u8>)> = (0..200)
-        .map(|i| (format!("warm/f{i:03}"), data(3_000 + i, i as u64)))
-        .collect();
-    for (k, d) in &warm {
-        srv.put(&b, k, d.clone());
-    }
     srv.put(&b, "pause/a", data(5_000, 41));
     srv.put(&b, "pause/z", data(600_000, 42));
-    let addr = format!("127.0.0.1:{}", free_port());
-    let m = MountSpec::new(&b)
-        .server(&srv)
-        .config(&format!(
-            "[s3]\nstall_timeout_secs = 60.0\n[read]\nsmall_max_in_flight = 4\n\
-             [telemetry]\nmetrics_addr = \"{addr}\"\n"
-        ))
-        .mount();
-    assert!(read_all_4(&m, &warm).is_empty());
+    let (m, addr) = mount_knowing_latencies(&srv, &b, "[s3]\nstall_timeout_secs = 60.0\n");
     assert_eq!(names(&m.p("pause")), ["a", "z"]);
     srv.break_bodies("pause/z", 100_000, true, 1);
     // Reading `a` starts the prefetch of `z`, whose body stops after
     // 100,000 bytes; nobody waits for it yet.
     assert_eq!(std::fs::read(m.p("pause/a")).unwrap(), data(5_000, 41));
     std::thread::sleep(Duration::from_millis(1_500));
-    let hedges = || {
-        let body = scrape(&addr);
-        metric(&body, "lakemount_s3_hedges_total{op=\"GET\",won=\"hedge\"}")
-            + metric(&body, "lakemount_s3_hedges_total{op=\"GET\",won=\"first\"}")
-    };
-    assert_eq!(hedges(), 0.0, "hedged while nobody waited");
+    assert_eq!(hedges(&addr), 0.0, "hedged while nobody waited");
     let t = Instant::now();
     let got = std::fs::read(m.p("pause/z")).unwrap();
     let took = t.elapsed();
@@ -924,7 +902,7 @@ fn a_prefetch_body_that_stops_is_hedged_once_a_reader_waits() {
         "the stopped body was waited out: {took:?}\n{}",
         m.log()
     );
-    assert_eq!(hedges(), 1.0);
+    assert_eq!(hedges(&addr), 1.0);
 }
 
 /// Credentials from a `credential_process` that expire every few seconds,

@@ -639,34 +639,17 @@ mod tests {
         let ttl = Duration::from_secs(60);
         for in_flight in [1, 64] {
             // Three openers; the last one's first read scans first.
-            let store = Arc::new(MemStore::default());
-            let listing = dir(&store, 6, 100);
-            let p = prefetcher(&store, 1000, in_flight);
-            let etag = |i: usize| listing.entries[i].etag.clone();
-            for i in [1, 2, 0] {
-                assert!(matches!(
-                    p.take(&format!("d/k{i:03}"), &etag(i), 100),
-                    Taken::Missed(None)
-                ));
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
+            let (p, listing) = opened_in_order(in_flight, &[1, 2, 0]).await;
             assert!(p.first_read("d/k000", "d/", None, ttl));
             p.missed("d/k000", "d/", listing.clone(), None).await;
             assert!(!p.first_read("d/k001", "d/", None, ttl));
             assert!(!p.first_read("d/k002", "d/", None, ttl));
             settle(&p).await;
             assert_eq!(held_keys(&p), ["d/k003", "d/k004", "d/k005"]);
-            assert_eq!(p.unread_bytes(), 300);
-            assert_eq!(p.queued(), 0);
+            assert_eq!((p.unread_bytes(), p.queued()), (300, 0));
 
             // Two openers; the earlier one's first read scans first.
-            let store = Arc::new(MemStore::default());
-            let listing = dir(&store, 6, 100);
-            let p = prefetcher(&store, 1000, in_flight);
-            let etag = |i: usize| listing.entries[i].etag.clone();
-            p.take("d/k001", &etag(1), 100);
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            p.take("d/k000", &etag(0), 100);
+            let (p, listing) = opened_in_order(in_flight, &[1, 0]).await;
             assert!(p.first_read("d/k001", "d/", None, ttl));
             p.missed("d/k001", "d/", listing.clone(), None).await;
             assert!(!p.first_read("d/k000", "d/", None, ttl));
@@ -676,13 +659,7 @@ mod tests {
 
             // Both first reads before either scan; the later opener's scan
             // runs first and queues the earlier one's object.
-            let store = Arc::new(MemStore::default());
-            let listing = dir(&store, 6, 100);
-            let p = prefetcher(&store, 1000, in_flight);
-            let etag = |i: usize| listing.entries[i].etag.clone();
-            p.take("d/k001", &etag(1), 100);
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            p.take("d/k000", &etag(0), 100);
+            let (p, listing) = opened_in_order(in_flight, &[1, 0]).await;
             assert!(p.first_read("d/k001", "d/", None, ttl));
             assert!(p.first_read("d/k000", "d/", None, ttl));
             p.missed("d/k000", "d/", listing.clone(), None).await;
@@ -691,6 +668,24 @@ mod tests {
             assert_eq!(held_keys(&p), ["d/k002", "d/k003", "d/k004", "d/k005"]);
             assert_eq!(p.unread_bytes(), 400);
         }
+    }
+
+    /// A prefetcher (`in_flight` GETs at once) over a fresh directory of six
+    /// 100-byte objects, of which `order` (indices) were opened, 2 ms apart,
+    /// with nothing prefetched; and the directory's listing.
+    async fn opened_in_order(
+        in_flight: usize,
+        order: &[usize],
+    ) -> (Arc<SmallPrefetch<MemStore>>, Arc<DirListing>) {
+        let store = Arc::new(MemStore::default());
+        let listing = dir(&store, 6, 100);
+        let p = prefetcher(&store, 1000, in_flight);
+        for &i in order {
+            let taken = p.take(&format!("d/k{i:03}"), &listing.entries[i].etag, 100);
+            assert!(matches!(taken, Taken::Missed(None)));
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        (p, listing)
     }
 
     /// An open of a queued object takes it out of the queue (its own read
