@@ -206,8 +206,9 @@ impl Hedge {
             return first.await;
         }
         let second_started = Instant::now();
-        let second = send();
-        tokio::pin!(second);
+        // Boxed: allocated only when a hedge is sent, instead of making
+        // every GET's future larger by a request.
+        let mut second = Box::pin(send());
         tokio::select! {
             r = &mut first => match r {
                 Ok(a) => {

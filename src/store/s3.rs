@@ -643,7 +643,7 @@ impl ObjectStore for S3Store {
                     .await
             }
             // The SDK's path does not hedge.
-            None => self.get_range(key, range, etag).await,
+            None => Box::pin(self.sdk_get_range(key, range, etag)).await,
         }
     }
 
@@ -654,9 +654,25 @@ impl ObjectStore for S3Store {
         etag: &str,
     ) -> Result<Bytes, StoreError> {
         debug_assert!(range.start < range.end);
-        if let Some(direct) = &self.direct {
-            return direct.get_range(&self.pool, key, range, etag, None).await;
+        match &self.direct {
+            Some(direct) => direct.get_range(&self.pool, key, range, etag, None).await,
+            None => Box::pin(self.sdk_get_range(key, range, etag)).await,
         }
+    }
+}
+
+impl S3Store {
+    /// [`ObjectStore::get_range`] through the SDK's orchestrator, for
+    /// endpoints the direct GET path (`store/get.rs`) does not serve.
+    /// Boxed by its callers: its future is several KiB, and every GET
+    /// future would otherwise be as large (each prefetch or read-ahead GET
+    /// is moved into a task of its own).
+    async fn sdk_get_range(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        etag: &str,
+    ) -> Result<Bytes, StoreError> {
         let start = Instant::now();
         let res = self
             .client
