@@ -496,8 +496,6 @@ fn expire(inner: &mut Inner, now: Instant) -> Vec<HeldObject> {
     out
 }
 
-/// Records `key` -> `v` in a map of at most [`MAX_REMEMBERED`] entries (an
-/// arbitrary half goes when it is full); returns the value it replaces.
 /// `key`, opened with nothing prefetched, is read by its opener: a copy a
 /// racing scan queued or fetched since that open (the open took any earlier
 /// one out) is taken out and returned, to be dropped outside the lock; and
@@ -521,6 +519,8 @@ fn racing_copy(inner: &mut Inner, key: &str, prefix: &str) -> Option<HeldObject>
     copy
 }
 
+/// Records `key` -> `v` in a map of at most [`MAX_REMEMBERED`] entries (an
+/// arbitrary half goes when it is full); returns the value it replaces.
 fn remember<V>(map: &mut HashMap<String, V>, key: &str, v: V) -> Option<V> {
     if map.len() >= MAX_REMEMBERED && !map.contains_key(key) {
         let mut n = 0usize;
