@@ -12,8 +12,7 @@
 //! A hedge spends server capacity to cut a waiting reader's latency, so a
 //! GET sent ahead of its reader (read-ahead, small-object prefetch) is
 //! hedged only once a reader waits for it ([`Urgency`]): hedging GETs nobody
-//! waits for only loads a busy server further (measured in
-//! bench/RESULTS.md, issue 12).
+//! waits for only loads a busy server further (docs/SEMANTICS.md).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
