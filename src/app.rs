@@ -427,6 +427,7 @@ impl Mounted {
             rt.handle().clone(),
             passthrough,
             config.read.direct_io_min_size,
+            config.mount.fuse_threads,
         );
         let mut session = fuser::Session::new(adapter, mountpoint, &fuse_config(source, config))
             .with_context(|| format!("mounting at {}", mountpoint.display()))?;

@@ -42,8 +42,10 @@ pub struct MountConfig {
     /// Read-only mount (the default). `false`: files and directories can be
     /// created, written, renamed and removed ([`crate::write`]).
     pub read_only: bool,
-    /// Threads reading FUSE requests from the kernel. Each only decodes a
-    /// request and hands it to the async runtime, so a few suffice.
+    /// Threads answering FUSE requests. One reads requests from the kernel
+    /// at a time; the others are spares for while a request waits on the
+    /// local disk (`crate::fuse` module `turns`). Requests that wait on S3
+    /// go to the async runtime, so a few suffice.
     pub fuse_threads: usize,
 }
 

@@ -467,11 +467,18 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         Ok(())
     }
 
-    /// Reads of a staged file's handle: `None` when `fh` is not one. Errors:
-    /// local disk.
-    pub fn read_local(&self, fh: u64, offset: u64, size: u32) -> Option<Result<Bytes, FsError>> {
+    /// Reads of a staged file's handle: `None` when `fh` is not one. Calls
+    /// `before_disk` before it reads the local disk. Errors: local disk.
+    pub fn read_local(
+        &self,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        before_disk: impl FnOnce(),
+    ) -> Option<Result<Bytes, FsError>> {
         self.writes.as_ref()?;
         let f = self.local_files.lock().unwrap().get(&fh)?.file.clone();
+        before_disk();
         Some(
             f.read(offset, size)
                 .map_err(|e| FsError::Local(e.raw_os_error().unwrap_or(libc::EIO), e.to_string())),

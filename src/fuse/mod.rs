@@ -24,6 +24,9 @@ use crate::meta::EntryKind;
 use crate::store::{ObjectStore, WriteStore};
 use crate::telemetry::metrics as m;
 
+mod turns;
+use turns::{Turn, Turns};
+
 /// Largest read-ahead the kernel is asked for, bytes. The kernel caps it at its
 /// own limit (`fuse_init_out.max_readahead` is clamped in `fuse_dev_do_init`).
 pub const MAX_READAHEAD: u32 = 1 << 20;
@@ -120,6 +123,8 @@ pub struct FuseFs<S> {
     /// (`read.direct_io_min_size`); 0 when off, or when the kernel cannot
     /// mmap such files (no FUSE_DIRECT_IO_ALLOW_MMAP).
     direct_io_min_size: u64,
+    /// Which session threads read /dev/fuse: one at a time ([`turns`]).
+    turns: Turns,
 }
 
 impl<S: ObjectStore + WriteStore> FuseFs<S> {
@@ -128,11 +133,14 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
     /// the kernel allows it.
     /// Files of at least `direct_io_min_size` bytes (0: none) bypass the page
     /// cache when the kernel allows it ([`crate::read::ReadConfig::direct_io_min_size`]).
+    /// `session_threads`: how many threads the session reads requests with
+    /// (`mount.fuse_threads`).
     pub fn new(
         fs: Arc<Fs<S>>,
         rt: tokio::runtime::Handle,
         passthrough: Passthrough,
         direct_io_min_size: u64,
+        session_threads: usize,
     ) -> Self {
         Self {
             fs,
@@ -141,7 +149,15 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
             passthrough: Arc::new(PassthroughOn::default()),
             io: Arc::new(Mutex::new(IoModes::default())),
             direct_io_min_size,
+            turns: Turns::new(session_threads, turns::PATIENCE),
         }
+    }
+
+    /// Starts a request of `op` on this session thread: counted, and its
+    /// thread's turn taken until the returned value is dropped.
+    fn turn(&self, op: &'static str) -> Turn<'_> {
+        requested(op);
+        self.turns.take()
     }
 
     fn attr(stat: &Stat, direct_io_min_size: u64) -> FileAttr {
@@ -522,7 +538,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        requested("lookup");
+        let _turn = self.turn("lookup");
         let fs = self.fs.clone();
         let name = name.to_owned();
         let direct = self.direct_io_min_size;
@@ -544,12 +560,14 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        // No turn: a batch forget calls this once per inode, and a thread
+        // must park only at the end of its request.
         requested("forget");
         self.fs.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        requested("getattr");
+        let _turn = self.turn("getattr");
         if let Some(stat) = fh.and_then(|fh| self.fs.local_stat(ino.0, fh.0)) {
             return reply.attr(&self.fs.kernel_ttl(), &Self::attr(&stat, 0));
         }
@@ -564,7 +582,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        requested("open");
+        let _turn = self.turn("open");
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         let truncate = flags.0 & libc::O_TRUNC != 0;
@@ -613,12 +631,12 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        requested("read");
+        let turn = self.turn("read");
         // Planned here, on the session thread: when the bytes are already
         // read ahead (the usual case of a sequential reader) the reply goes
         // out at once, without waking a runtime thread; otherwise a task
-        // waits for them.
-        if let Some(r) = self.fs.read_local(fh.0, offset, size) {
+        // waits for them. A staged file is read from local disk here.
+        if let Some(r) = self.fs.read_local(fh.0, offset, size, || turn.may_block()) {
             return read_reply(reply, r);
         }
         let _rt = self.rt.enter();
@@ -644,7 +662,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        requested("release");
+        let _turn = self.turn("release");
         // The last writer's close queues an upload task.
         let _rt = self.rt.enter();
         self.fs.release(fh.0);
@@ -681,12 +699,12 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        requested("flush");
+        let _turn = self.turn("flush");
         reply.error(Errno::ENOSYS);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        requested("opendir");
+        let _turn = self.turn("opendir");
         let fs = self.fs.clone();
         self.rt.spawn(async move {
             match fs.opendir(ino.0).await {
@@ -704,7 +722,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        requested("readdir");
+        let _turn = self.turn("readdir");
         match self
             .fs
             .readdir(ino.0, fh.0, offset, READDIR_REPLY_BYTES, false)
@@ -730,7 +748,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        requested("readdirplus");
+        let _turn = self.turn("readdirplus");
         match self
             .fs
             .readdir(ino.0, fh.0, offset, READDIR_REPLY_BYTES, true)
@@ -769,7 +787,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        requested("releasedir");
+        let _turn = self.turn("releasedir");
         self.fs.releasedir(fh.0);
         reply.ok();
     }
@@ -789,12 +807,13 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
+        let _turn = self.turn("ioctl");
         debug!(ino = ino.0, cmd, "ioctl: not supported (ENOTTY)");
         reply.error(Errno::ENOTTY);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        requested("getxattr");
+        let _turn = self.turn("getxattr");
         let fs = self.fs.clone();
         let name = name.to_string_lossy().into_owned();
         self.rt.spawn(async move {
@@ -806,6 +825,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _turn = self.turn("listxattr");
         let mut buf = Vec::new();
         for n in self.fs.xattr_names(ino.0) {
             buf.extend_from_slice(n.as_bytes());
@@ -824,7 +844,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        requested("create");
+        let _turn = self.turn("create");
         let fs = self.fs.clone();
         let name = name.to_owned();
         let io = self.io.clone();
@@ -870,7 +890,8 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        requested("write");
+        let turn = self.turn("write");
+        turn.may_block();
         // A filled part may start its upload task.
         let _rt = self.rt.enter();
         match self.fs.write(fh.0, offset, data) {
@@ -890,7 +911,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        requested("fsync");
+        let _turn = self.turn("fsync");
         let fs = self.fs.clone();
         reply_empty(
             &self.rt,
@@ -910,6 +931,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _turn = self.turn("fsyncdir");
         reply.ok();
     }
 
@@ -932,7 +954,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        requested("setattr");
+        let _turn = self.turn("setattr");
         if !self.fs.writable() {
             return reply.error(errno("setattr", &FsError::ReadOnly));
         }
@@ -961,7 +983,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        requested("mkdir");
+        let _turn = self.turn("mkdir");
         let fs = self.fs.clone();
         let name = name.to_owned();
         self.rt.spawn(async move {
@@ -973,7 +995,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        requested("unlink");
+        let _turn = self.turn("unlink");
         let fs = self.fs.clone();
         let name = name.to_owned();
         reply_empty(&self.rt, "unlink", reply, async move {
@@ -982,7 +1004,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        requested("rmdir");
+        let _turn = self.turn("rmdir");
         let fs = self.fs.clone();
         let name = name.to_owned();
         reply_empty(&self.rt, "rmdir", reply, async move {
@@ -1000,7 +1022,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        requested("rename");
+        let _turn = self.turn("rename");
         let fs = self.fs.clone();
         let (name, newname) = (name.to_owned(), newname.to_owned());
         reply_empty(&self.rt, "rename", reply, async move {
@@ -1010,6 +1032,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _turn = self.turn("statfs");
         reply.statfs(
             STATFS_BLOCKS,
             STATFS_BLOCKS,
@@ -1023,6 +1046,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        let _turn = self.turn("access");
         reply.ok();
     }
 }

@@ -62,7 +62,9 @@ pub const FUSE_READ_BYTES: &str = "lakemount_fuse_read_bytes_total";
 /// `read.direct_io_min_size` bytes): their reads bypass the page cache.
 pub const FUSE_DIRECT_IO_OPENS: &str = "lakemount_fuse_direct_io_opens_total";
 /// Counter: FUSE requests received, label `op` (lookup, getattr, open, read,
-/// flush, release, opendir, readdir, readdirplus, releasedir, forget, getxattr).
+/// flush, release, opendir, readdir, readdirplus, releasedir, forget, getxattr,
+/// listxattr, statfs, access, ioctl, and on a writable mount create, write,
+/// fsync, fsyncdir, setattr, mkdir, unlink, rmdir, rename).
 pub const FUSE_REQUESTS: &str = "lakemount_fuse_requests_total";
 /// Counter: FUSE requests answered with an error, label `errno`.
 pub const FUSE_ERRORS: &str = "lakemount_fuse_errors_total";
