@@ -565,13 +565,14 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         Ok(pending)
     }
 
-    /// Closes a file handle.
-    pub fn release(&self, fh: u64) {
+    /// Closes a file handle. Calls `before_disk` before it writes to the
+    /// local disk (the staging record of a written file, synced).
+    pub fn release(&self, fh: u64, before_disk: impl FnOnce()) {
         // Dropped after the lock: dropping a reader frees its parts, which
         // session threads starting reads should not wait behind.
         let reader = self.files.lock().unwrap().remove(&fh);
         if reader.is_none() {
-            self.release_local(fh);
+            self.release_local(fh, before_disk);
         }
         drop(reader);
     }

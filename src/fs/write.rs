@@ -498,14 +498,16 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     }
 
     /// Closes a staged file's handle: `false` when `fh` is not one. The
-    /// last writer's close queues the upload.
-    pub(super) fn release_local(&self, fh: u64) -> bool {
+    /// last writer's close queues the upload; `before_disk` is called
+    /// before a writer's close writes its staging record.
+    pub(super) fn release_local(&self, fh: u64, before_disk: impl FnOnce()) -> bool {
         let Some(h) = self.local_files.lock().unwrap().remove(&fh) else {
             return false;
         };
         if h.write
             && let Some(w) = &self.writes
         {
+            before_disk();
             if h.passthrough {
                 w.close_passthrough_writer(&h.file);
             } else {
@@ -558,7 +560,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
                         .map(|h| h.file.clone());
                     if let Some(f) = f {
                         let r = w.truncate(&f, size);
-                        self.release_local(o.fh);
+                        self.release_local(o.fh, || {});
                         r?;
                     }
                 }

@@ -350,7 +350,7 @@ fn choose_mode<S: ObjectStore + WriteStore>(
             (Some(mine), Some(s)) if Arc::ptr_eq(mine, &s.file) => Some(b.id.clone()),
             _ => {
                 drop(st);
-                fs.release(o.fh);
+                fs.release(o.fh, || {});
                 return Served::Busy;
             }
         },
@@ -662,10 +662,10 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let _turn = self.turn("release");
+        let turn = self.turn("release");
         // The last writer's close queues an upload task.
         let _rt = self.rt.enter();
-        self.fs.release(fh.0);
+        self.fs.release(fh.0, || turn.may_block());
         let mut io = self.io.lock().unwrap();
         if let Some((ino, mode)) = io.handles.remove(&fh.0)
             && let Some(e) = io.inodes.get_mut(&ino)
