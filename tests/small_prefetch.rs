@@ -413,7 +413,8 @@ fn concurrent_small_reads_do_not_wake_a_session_thread_per_request() {
     for (k, d) in &files {
         assert!(std::fs::read(m.p(k)).unwrap() == *d, "{k} differs");
     }
-    wait_for(Duration::from_secs(5), || releases(&scrape(&addr)) >= 100.0);
+    wait_for(Duration::from_secs(5), || releases(&scrape(&addr)) >= 100.0)
+        .expect("releases of the first reads");
     let before = scrape(&addr);
     let sleeps_before = session_thread_sleeps(pid);
     std::thread::scope(|s| {
@@ -432,7 +433,8 @@ fn concurrent_small_reads_do_not_wake_a_session_thread_per_request() {
     // Releases arrive after close returns.
     wait_for(Duration::from_secs(5), || {
         releases(&scrape(&addr)) >= releases(&before) + 1200.0
-    });
+    })
+    .expect("releases of the concurrent reads");
     let sleeps = session_thread_sleeps(pid) - sleeps_before;
     let after = scrape(&addr);
     let n = requests(&after) - requests(&before);

@@ -299,7 +299,9 @@ impl Cache {
     /// memory tier, or a packed small object in its pack file (one `pread`
     /// of the local disk, [`DiskCache::read_now`]), so that a read can be
     /// answered on the thread that asked. Call it from a thread that may
-    /// block that long (a FUSE session thread), not a runtime worker.
+    /// block that long (a FUSE session thread, which does not announce it:
+    /// one `pread` of a small object is shorter than waking another thread),
+    /// not a runtime worker.
     /// `None`: read it with [`Cache::get_range`].
     pub fn range_now(
         &self,

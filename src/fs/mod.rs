@@ -43,9 +43,10 @@ pub struct MountConfig {
     /// created, written, renamed and removed ([`crate::write`]).
     pub read_only: bool,
     /// Threads answering FUSE requests. One reads requests from the kernel
-    /// at a time; the others are spares for while a request waits on the
-    /// local disk (`crate::fuse` module `turns`). Requests that wait on S3
-    /// go to the async runtime, so a few suffice.
+    /// at a time; the others are spares for while a request does slow local
+    /// work: staged reads, writes and closes, passthrough opens of cached
+    /// files, large read replies (`crate::fuse` module `turns`). Requests
+    /// that wait on S3 go to the async runtime, so a few suffice.
     pub fuse_threads: usize,
 }
 
@@ -436,12 +437,14 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// [`Fs::open`] without waiting on the network: `None` when the
     /// attributes are older than the metadata TTL (the caller then awaits
     /// `open`, which confirms them by a listing). A passthrough open may read
-    /// the cache's block map from local disk. Needs a tokio runtime context.
+    /// the cache's block map from local disk: `before_disk` is called first.
+    /// Needs a tokio runtime context.
     pub fn try_open_now(
         &self,
         ino: u64,
         write: bool,
         passthrough: bool,
+        before_disk: impl FnOnce(),
     ) -> Option<Result<Opened, FsError>> {
         if write {
             return if self.writable() {
@@ -469,6 +472,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         }
         let backing = match &self.cache {
             Some(cache) if passthrough && attr.size > 0 => {
+                before_disk();
                 cache.backing(&attr.key, &attr.etag, attr.size)
             }
             _ => None,

@@ -41,6 +41,12 @@ pub const MAX_BACKGROUND: u16 = 64;
 /// entries that do not fit are returned to the table with `forget`.
 const READDIR_REPLY_BYTES: usize = 4096;
 
+/// Read replies of at least this many bytes answered on a session thread
+/// let a parked thread read meanwhile ([`turns`]): the kernel's copy of a
+/// 1 MiB reply into the reader's pages takes long enough for other readers'
+/// requests to queue.
+const LARGE_REPLY: usize = 128 << 10;
+
 /// `statfs` block size, bytes.
 const STATFS_BSIZE: u32 = 4096;
 /// `statfs` total blocks: 1 PiB in 4 KiB blocks. S3 has no size; `df` needs a
@@ -582,7 +588,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let _turn = self.turn("open");
+        let turn = self.turn("open");
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         let truncate = flags.0 & libc::O_TRUNC != 0;
@@ -594,7 +600,10 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         // once, and a hop to the runtime and back was most of an open's cost.
         let _rt = self.rt.enter();
         let want = self.passthrough_now();
-        if let Some(r) = self.fs.try_open_now(ino.0, write, want.cached) {
+        if let Some(r) = self
+            .fs
+            .try_open_now(ino.0, write, want.cached, || turn.may_block())
+        {
             return match r {
                 Ok(o) => open_reply(
                     &self.fs,
@@ -645,6 +654,11 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
             Err(e) => return reply.error(errno("read", &e)),
         };
         if let Some(r) = pending.ready().map(crate::fs::read_result) {
+            // The kernel copies the reply into the reader's pages on this
+            // thread: a large one lets another thread read meanwhile.
+            if r.as_ref().is_ok_and(|b| b.len() >= LARGE_REPLY) {
+                turn.may_block();
+            }
             return read_reply(reply, r);
         }
         self.rt.spawn(
