@@ -38,6 +38,34 @@ fn metric_sum(body: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// A mount exposing metrics at `addr`, over a private server whose bucket
+/// holds small objects `files` (declared so: dropped in reverse order, the
+/// mount before the server).
+struct Metered {
+    srv: lakemount_testserver::TestServer,
+    files: Vec<(String, Vec<u8>)>,
+    addr: String,
+    m: Mount,
+}
+
+/// [`Metered`] with `n` objects under `dir/` of a bucket tagged `tag`.
+fn metered(tag: &str, dir: &str, n: usize) -> Metered {
+    let srv = private_server();
+    let b = bucket_on(&srv, tag);
+    let files = small_files(&srv, &b, dir, n);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .args(&["--metrics-addr", &addr])
+        .mount();
+    Metered {
+        srv,
+        files,
+        addr,
+        m,
+    }
+}
+
 fn gets(srv: &lakemount_testserver::TestServer) -> u64 {
     srv.request_count("GetObject")
 }
@@ -249,14 +277,12 @@ fn a_waiting_read_is_not_queued_behind_prefetch() {
 /// the first close (ENOSYS turns flushes off for the mount).
 #[test]
 fn a_small_file_read_again_costs_an_open_and_a_release() {
-    let srv = private_server();
-    let b = bucket_on(&srv, "smallrt");
-    let files = small_files(&srv, &b, "e", 20);
-    let addr = format!("127.0.0.1:{}", free_port());
-    let m = MountSpec::new(&b)
-        .server(&srv)
-        .args(&["--metrics-addr", &addr])
-        .mount();
+    let Metered {
+        srv: _srv,
+        files,
+        addr,
+        m,
+    } = metered("smallrt", "e", 20);
     for (k, d) in &files {
         assert!(std::fs::read(m.p(k)).unwrap() == *d, "epoch 1: {k} differs");
     }
@@ -301,14 +327,12 @@ fn a_small_file_read_again_costs_an_open_and_a_release() {
 /// name, not only for the first batch's.
 #[test]
 fn files_of_a_listed_directory_are_opened_without_lookups() {
-    let srv = private_server();
-    let b = bucket_on(&srv, "smalllist");
-    let files = small_files(&srv, &b, "l", 300);
-    let addr = format!("127.0.0.1:{}", free_port());
-    let m = MountSpec::new(&b)
-        .server(&srv)
-        .args(&["--metrics-addr", &addr])
-        .mount();
+    let Metered {
+        srv: _srv,
+        files,
+        addr,
+        m,
+    } = metered("smalllist", "l", 300);
     let names: Vec<_> = std::fs::read_dir(m.p("l"))
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -340,14 +364,12 @@ fn files_of_a_listed_directory_are_opened_without_lookups() {
 #[test]
 fn the_next_epoch_without_a_cache_is_prefetched_again() {
     use std::os::fd::AsRawFd;
-    let srv = private_server();
-    let b = bucket_on(&srv, "smallround");
-    let files = small_files(&srv, &b, "r", 30);
-    let addr = format!("127.0.0.1:{}", free_port());
-    let m = MountSpec::new(&b)
-        .server(&srv)
-        .args(&["--metrics-addr", &addr])
-        .mount();
+    let Metered {
+        srv,
+        files,
+        addr,
+        m,
+    } = metered("smallround", "r", 30);
     let hits = || metric_sum(&scrape(&addr), "lakemount_small_prefetch_hits_total");
     srv.reset_counts();
     for (k, d) in &files {
@@ -399,14 +421,12 @@ fn session_thread_sleeps(pid: u32) -> u64 {
 /// machine, against 3-94 with one thread reading (src/fuse/turns.rs).
 #[test]
 fn concurrent_small_reads_do_not_wake_a_session_thread_per_request() {
-    let srv = private_server();
-    let b = bucket_on(&srv, "turns");
-    let files = small_files(&srv, &b, "t", 100);
-    let addr = format!("127.0.0.1:{}", free_port());
-    let m = MountSpec::new(&b)
-        .server(&srv)
-        .args(&["--metrics-addr", &addr])
-        .mount();
+    let Metered {
+        srv: _srv,
+        files,
+        addr,
+        m,
+    } = metered("turns", "t", 100);
     let pid = m.child.as_ref().unwrap().id();
     let requests = |body: &str| metric_sum(body, "lakemount_fuse_requests_total");
     let releases = |body: &str| metric(body, "lakemount_fuse_requests_total{op=\"release\"}");
