@@ -4,7 +4,8 @@
 //! on the network; what needs no waiting is answered on the session thread
 //! itself: a read whose bytes are already read ahead, an open with fresh
 //! attributes, a lookup or getattr from cached metadata. The only module that
-//! touches fuser's request and reply types.
+//! touches fuser's request and reply types. One session thread reads
+//! requests from the kernel at a time ([`turns`]).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
