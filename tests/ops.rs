@@ -228,7 +228,7 @@ fn the_fstab_helper_mounts_in_the_background_and_umount_stops_it() {
     // A copy, not a symlink: the daemon child, re-executed from this very
     // file (named mount.lakemount), must not take itself for the helper.
     // (mount_8_runs_the_helper_for_an_fstab_line uses a symlink.)
-    std::fs::copy(lakemount_bin(), &helper).unwrap();
+    copy_lakemount_bin(&helper);
     let mnt = dir.0.join("m");
     std::fs::create_dir(&mnt).unwrap();
     let log = dir.0.join("log");
@@ -347,7 +347,7 @@ fn the_fstab_helper_reads_a_root_profile_without_home() {
     let mnt = dir.0.join("m");
     std::fs::create_dir(&mnt).unwrap();
     let helper = dir.0.join(lakemount::fstab::HELPER_NAME);
-    std::fs::copy(lakemount_bin(), &helper).unwrap();
+    copy_lakemount_bin(&helper);
     let log = dir.0.join("log");
     let script = format!(
         r#"set -e

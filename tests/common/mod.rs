@@ -64,6 +64,30 @@ pub fn lakemount_bin() -> &'static str {
     env!("CARGO_BIN_EXE_lakemount")
 }
 
+/// Copies the `lakemount` binary to `to`, and returns once it can be run.
+/// A test thread forking while the copy's file is open hands the write
+/// descriptor to its child until that child execs, and an exec of the
+/// copy fails with ETXTBSY meanwhile: this runs the copy until it starts.
+pub fn copy_lakemount_bin(to: &Path) {
+    std::fs::copy(lakemount_bin(), to).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let run = Command::new(to)
+            .arg("--help")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        match run {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                assert!(Instant::now() < deadline, "{} stays busy", to.display());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("running {}: {e}", to.display()),
+            Ok(_) => return,
+        }
+    }
+}
+
 /// A `lakemount` command with the test server's endpoint and credentials.
 pub fn lakemount_cmd(endpoint: &str) -> Command {
     let mut cmd = Command::new(lakemount_bin());
