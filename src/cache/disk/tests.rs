@@ -555,6 +555,8 @@ fn admitted_blocks_are_written_by_a_bounded_pool() {
         let got = c.read(pk(o, i), n * BS, BS).expect("block cached");
         assert!(got == block(i), "block {i} differs");
     }
+    drop(c);
+    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
