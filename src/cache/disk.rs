@@ -852,6 +852,14 @@ impl DiskCache {
         }
     }
 
+    /// Whether an object of `size` bytes can ever be passed through
+    /// ([`DiskCache::backing`]): not when empty or smaller than
+    /// `cache.passthrough_min_size` (such objects are packed, never sealed).
+    /// Answered without touching the disk.
+    pub fn may_back(&self, size: u64) -> bool {
+        size > 0 && size >= self.seal_min_size
+    }
+
     /// The data file of `obj` (`size` bytes) for FUSE passthrough, when every
     /// block is present and the seal matches the file (nothing changed it since
     /// its bytes were checked). The object stays pinned (not evicted) while the
@@ -865,7 +873,7 @@ impl DiskCache {
     /// [`DeviceHealth::probe_due`]), so that a device the kernel alone reads
     /// is still watched and one that recovers gets passthrough back.
     pub fn backing(self: &Arc<Self>, obj: ObjectId, size: u64) -> Option<Backing> {
-        if size == 0 || size < self.seal_min_size {
+        if !self.may_back(size) {
             return None;
         }
         self.load(obj, size);

@@ -256,6 +256,13 @@ impl Cache {
             .sum()
     }
 
+    /// Whether an object of `size` bytes can be passed through at all
+    /// ([`DiskCache::may_back`]); false means [`Cache::backing`] would
+    /// return `None` without touching the disk.
+    pub fn may_back(&self, size: u64) -> bool {
+        self.disk.may_back(size)
+    }
+
     /// The cached data file of `key` at `etag` (`size` bytes) for FUSE
     /// passthrough, when it is complete and unchanged since its bytes were
     /// checked ([`DiskCache::backing`]); pinned against eviction while the

@@ -422,7 +422,9 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         let attr = self.fresh_attr(ino).await?;
         self.check_open(ino, &attr)?;
         let backing = match &self.cache {
-            Some(cache) if passthrough && attr.size > 0 => {
+            // A small object is never passed through: no disk to wait on,
+            // so no reason to wake another session thread.
+            Some(cache) if passthrough && cache.may_back(attr.size) => {
                 let (cache, key, etag) = (cache.clone(), attr.key.clone(), attr.etag.clone());
                 tokio::task::spawn_blocking(move || cache.backing(&key, &etag, attr.size))
                     .await
@@ -471,7 +473,9 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             return Some(Err(e));
         }
         let backing = match &self.cache {
-            Some(cache) if passthrough && attr.size > 0 => {
+            // A small object is never passed through: no disk to wait on,
+            // so no reason to wake another session thread.
+            Some(cache) if passthrough && cache.may_back(attr.size) => {
                 before_disk();
                 cache.backing(&attr.key, &attr.etag, attr.size)
             }
