@@ -908,6 +908,35 @@ fn a_prefetch_body_that_stops_is_hedged_once_a_reader_waits() {
     assert_eq!(hedges(&addr) - before, 1.0);
 }
 
+/// A server that sends a GET's headers at once and its body late (every
+/// GET of the key, a hedge's too) gets one hedge, not one per hedge delay:
+/// a hedge wins only with body bytes. Had its headers won, its body would
+/// have paused in turn and been hedged again, until the hedge budget ran
+/// out: a GET per hedge delay, all of them adding to the server's load.
+#[test]
+fn a_body_sent_late_after_its_headers_is_hedged_once() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "hedgelate");
+    srv.put(&b, "late/x", data(50_000, 43));
+    let (m, addr) = mount_knowing_latencies(&srv, &b, "");
+    assert_eq!(names(&m.p("late")), ["x"]);
+    srv.set_delay("GetObjectBody", "late/", Duration::from_millis(400));
+    srv.reset_counts();
+    let before = hedges(&addr);
+    assert!(std::fs::read(m.p("late/x")).unwrap() == data(50_000, 43));
+    let gets = srv.request_count("GetObject");
+    let hedged = hedges(&addr) - before;
+    assert!(
+        gets <= 2 && hedged <= 1.0,
+        "{gets} GETs, {hedged} hedges for one late body:\n{}",
+        scrape(&addr)
+            .lines()
+            .filter(|l| l.contains("hedge"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
 /// Credentials from a `credential_process` that expire every few seconds,
 /// and whose process fails twice in a row on its second and third runs (a
 /// provider that is down for a moment), are refreshed while files are read:

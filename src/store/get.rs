@@ -21,8 +21,8 @@
 //! * **Hedging**: a GET whose headers are late by the recent 95th
 //!   percentile, and that a reader waits for, is sent a second time
 //!   ([`super::hedge`]); the first sound answer is read. A body that
-//!   pauses as long while a reader waits gets a GET of its rest the same
-//!   way, pinned to its ETag.
+//!   pauses as long while a reader waits gets one GET of its rest, pinned
+//!   to its ETag; whichever body sends bytes first is read.
 //! * **Clock skew**: the server's `Date` header corrects the signing time,
 //!   as the SDK's clock-skew interceptor does; `RequestTimeTooSkewed` is
 //!   retried with the corrected time.
@@ -338,11 +338,9 @@ impl DirectGet {
 
     /// Appends the body of `answer` to `buf` until it holds `target` bytes
     /// (the last of them byte `end - 1` of the object) or the body ends, as
-    /// [`read_into`] does. A body that pauses for the hedge delay is hedged
-    /// when it can be pinned to `etag`: a GET of the rest is sent, and if
-    /// its headers come before the paused body's next byte, its body is
-    /// read instead (`answer` becomes it; the paused connection is closed).
-    /// Only while a reader waits for the bytes (`urgency`).
+    /// [`read_into`] does. A body that pauses for the hedge delay while a
+    /// reader waits for its bytes (`urgency`) is hedged once, when it can be
+    /// pinned to `etag` ([`Self::hedge_rest`]).
     #[allow(clippy::too_many_arguments)]
     async fn read_body(
         &self,
@@ -355,62 +353,21 @@ impl DirectGet {
         urgency: Option<&Urgency>,
     ) -> Result<(), BodyError> {
         let stall = self.stall_timeout;
-        let hedge = self.hedge.as_ref().filter(|_| !etag.is_empty());
+        let mut hedge = self.hedge.as_ref().filter(|_| !etag.is_empty());
         while buf.len() < target {
-            let paused = Instant::now();
-            let stall_at = paused + stall;
-            // The next chunk, or `None` at the hedge delay (counted only
-            // while a reader waits for these bytes) or the stall timeout.
-            let next = loop {
-                let waiting = urgency.filter(|u| !u.is_waited());
-                let hedge_at = match hedge {
-                    Some(h) if waiting.is_none() => (paused + h.delay()).min(stall_at),
-                    _ => stall_at,
-                };
-                let marked = async {
-                    match waiting {
-                        Some(u) => u.waited().await,
-                        None => std::future::pending().await,
+            let stall_at = Instant::now() + stall;
+            let next = match next_chunk(answer, hedge, urgency, stall_at).await {
+                Some(n) => n,
+                None => match hedge.take() {
+                    Some(h) if Instant::now() < stall_at && h.try_spend() => {
+                        let rest = end - (target - buf.len()) as u64..end;
+                        self.hedge_rest(url, rest, etag, answer, stall_at).await?
                     }
-                };
-                tokio::select! {
-                    n = answer.body.try_next() => break Some(n),
-                    () = tokio::time::sleep_until(hedge_at.into()) => break None,
-                    // A reader waits now: the delay counts from the pause.
-                    () = marked => {}
-                }
-            };
-            let next = match (next, hedge) {
-                (Some(n), _) => n,
-                (None, Some(h)) if Instant::now() < stall_at && h.try_spend() => {
-                    let left = stall_at.saturating_duration_since(Instant::now());
-                    let rest = end - (target - buf.len()) as u64..end;
-                    let resume = self.send(url, &rest, etag);
-                    // A failed resume disables its branch: the paused
-                    // body may still go on, until the stall timeout.
-                    tokio::select! {
-                        n = tokio::time::timeout(left, answer.body.try_next()) => {
-                            let n = n.map_err(|_| BodyError::Stalled(stall))?;
-                            m::s3_hedge(m::OP_GET, m::HEDGE_FIRST_WON);
-                            n
-                        }
-                        Ok(new) = resume => {
-                            m::s3_hedge(m::OP_GET, m::HEDGE_WON);
-                            if let Some(c) = answer.connection.get() {
-                                c.poison();
-                            }
-                            *answer = new;
-                            continue;
-                        }
-                    }
-                }
-                (None, _) => {
                     // Stalled, or no hedge left in the budget.
-                    let left = stall_at.saturating_duration_since(Instant::now());
-                    tokio::time::timeout(left, answer.body.try_next())
+                    _ => tokio::time::timeout_at(stall_at.into(), answer.body.try_next())
                         .await
-                        .map_err(|_| BodyError::Stalled(stall))?
-                }
+                        .map_err(|_| BodyError::Stalled(stall))?,
+                },
             };
             let chunk = match next {
                 Ok(Some(c)) => c,
@@ -420,6 +377,44 @@ impl DirectGet {
             append(buf, &chunk, &mut answer.skip, target);
         }
         Ok(())
+    }
+
+    /// Sends a GET of `rest` (pinned to `etag`) beside the paused body of
+    /// `answer` and gives the next chunk of whichever body sends one first:
+    /// when the new one does, it replaces `answer` (the paused connection is
+    /// closed). Headers alone do not win: a server that answers headers at
+    /// once and sends the body later would otherwise be asked again at
+    /// every pause. A failed hedge leaves the paused body, until `stall_at`.
+    async fn hedge_rest(
+        &self,
+        url: &str,
+        rest: Range<u64>,
+        etag: &str,
+        answer: &mut Answer,
+        stall_at: Instant,
+    ) -> Result<Result<Option<Bytes>, aws_smithy_types::byte_stream::error::Error>, BodyError> {
+        let resume = async {
+            let mut new = self.send(url, &rest, etag).await.ok()?;
+            match new.body.try_next().await {
+                Ok(Some(chunk)) => Some((new, chunk)),
+                _ => None,
+            }
+        };
+        tokio::select! {
+            n = tokio::time::timeout_at(stall_at.into(), answer.body.try_next()) => {
+                let n = n.map_err(|_| BodyError::Stalled(self.stall_timeout))?;
+                m::s3_hedge(m::OP_GET, m::HEDGE_FIRST_WON);
+                Ok(n)
+            }
+            Some((new, chunk)) = resume => {
+                m::s3_hedge(m::OP_GET, m::HEDGE_WON);
+                if let Some(c) = answer.connection.get() {
+                    c.poison();
+                }
+                *answer = new;
+                Ok(Ok(Some(chunk)))
+            }
+        }
     }
 
     /// [`Self::send`], hedged ([`Hedge::run`]) when hedging is on.
@@ -725,6 +720,37 @@ pub(super) async fn read_into(
         append(buf, &chunk, &mut skip, target);
     }
     Ok(())
+}
+
+/// The next chunk of `answer`'s body, or `None` when `hedge` is on and the
+/// body has paused for its delay while a reader waits (`urgency`; `None`
+/// counts as waited for), or when `stall_at` comes. A reader that starts to
+/// wait during the pause makes the delay count from the pause's start.
+async fn next_chunk(
+    answer: &mut Answer,
+    hedge: Option<&Hedge>,
+    urgency: Option<&Urgency>,
+    stall_at: Instant,
+) -> Option<Result<Option<Bytes>, aws_smithy_types::byte_stream::error::Error>> {
+    let paused = Instant::now();
+    loop {
+        let waiting = urgency.filter(|u| !u.is_waited());
+        let hedge_at = match hedge {
+            Some(h) if waiting.is_none() => (paused + h.delay()).min(stall_at),
+            _ => stall_at,
+        };
+        let marked = async {
+            match waiting {
+                Some(u) => u.waited().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            n = answer.body.try_next() => return Some(n),
+            () = tokio::time::sleep_until(hedge_at.into()) => return None,
+            () = marked => {}
+        }
+    }
 }
 
 /// Appends `chunk` to `buf`, its first `skip` bytes dropped (and counted

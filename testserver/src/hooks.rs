@@ -19,6 +19,11 @@ struct Delay {
     delay: Duration,
 }
 
+/// The `op` of a [`Hooks::set_delay`] rule that delays GetObject bodies:
+/// the headers go out at once, the body's first byte after the delay, as a
+/// server that answers from metadata and then reads the data does.
+pub const BODY_DELAY_OP: &str = "GetObjectBody";
+
 /// Shared hook state; every method is thread-safe and never blocks for long.
 #[derive(Debug, Default)]
 pub struct Hooks {
@@ -255,6 +260,12 @@ impl Hooks {
             f.remove(op);
         }
         Some(status)
+    }
+
+    /// The pause before the first byte of a GetObject body of `key`, after
+    /// its headers ([`BODY_DELAY_OP`] rules of [`Self::set_delay`]).
+    pub fn body_delay(&self, key: &str) -> Option<Duration> {
+        self.delay_for(BODY_DELAY_OP, key)
     }
 
     fn delay_for(&self, op: &str, key: &str) -> Option<Duration> {

@@ -428,7 +428,9 @@ impl TestServer {
     /// Requests of `op` on keys starting with `key_prefix` sleep `delay` (without
     /// blocking other requests) before being answered. For bucket-level operations
     /// such as `ListObjectsV2` the key is the request's `prefix` parameter ("" if
-    /// none). A zero `delay` removes the rule for this `(op, key_prefix)`.
+    /// none). `op` `"GetObjectBody"` delays the first byte of GetObject
+    /// bodies instead, after headers sent at once. A zero `delay` removes
+    /// the rule for this `(op, key_prefix)`.
     pub fn set_delay(&self, op: &str, key_prefix: &str, delay: Duration) {
         self.inner.hooks.set_delay(op, key_prefix, delay);
     }

@@ -553,6 +553,8 @@ impl S3 for MemS3 {
                 self.hooks.add_body_bytes(data.len() as u64);
                 if self.hooks.paced() {
                     paced_body(data, self.hooks.clone())
+                } else if let Some(d) = self.hooks.body_delay(&i.key) {
+                    delayed_body(data, d)
                 } else {
                     StreamingBlob::from(Body::from(data))
                 }
@@ -698,6 +700,15 @@ fn paced_body(data: bytes::Bytes, hooks: Arc<crate::hooks::Hooks>) -> StreamingB
 
 /// A body that sends `head` and then fails (`stall` false) or sends nothing
 /// more and stays open (`stall` true).
+/// `data` as a body whose first byte comes `delay` after the headers.
+fn delayed_body(data: bytes::Bytes, delay: std::time::Duration) -> StreamingBlob {
+    let late = futures::stream::once(async move {
+        tokio::time::sleep(delay).await;
+        Ok::<_, std::io::Error>(data)
+    });
+    StreamingBlob::wrap(late)
+}
+
 fn broken_body(head: bytes::Bytes, stall: bool) -> StreamingBlob {
     use futures::StreamExt;
     let first = futures::stream::iter([Ok::<_, std::io::Error>(head)]);
