@@ -5,9 +5,9 @@
 Per run (default 3; medians reported), per variant (files, tar), per system: a
 fresh mount (and an empty cache directory), the loader of bench/torch_loader.py
 (torch's DataLoader, 4 workers, batch 64) builds its index, then reads two
-epochs; before each epoch the page cache is dropped (local disk: `echo 3 >
-/proc/sys/vm/drop_caches`; mounts: `echo 1`, the page cache only, see
---drop-mounts), and the S3 server's request counters and the mount daemon's
+epochs; before each epoch the page cache is dropped (`echo 1 >
+/proc/sys/vm/drop_caches`, the page cache only, for local disk as for the
+mounts; see --drop-mounts), and the S3 server's request counters and the mount daemon's
 CPU time (/proc/PID/stat utime+stime) are taken before and after it.
 Every sample's size and CRC32 is checked against the data set's manifest in
 both epochs. Beside the mounts, the same run measures local disk (the same
@@ -286,7 +286,7 @@ class Loader:
         self.p.wait()
 
 
-def run_loader(a, g, variant, root, manifest, pid=None, drop=3):
+def run_loader(a, g, variant, root, manifest, drop, pid=None):
     """Index + EPOCHS epochs; per epoch: caches dropped, then its time, the requests
     the server saw and the daemon's CPU seconds."""
     res = {}
@@ -390,7 +390,7 @@ def measure(s, variant, a, g, d):
     if s == "raw-get":
         return {"raw": measure_raw(a, g, variant, d)}
     if s == "local-disk":
-        r = run_loader(a, g, variant, root_local, d["manifest"])
+        r = run_loader(a, g, variant, root_local, d["manifest"], a.drop_mounts)
         r["cmd"] = f"ROOT={root_local.replace(a.bench_dir, '$BENCH_DIR')}"
         return r
     cache_dir = os.path.join(a.bench_dir, f"torch-cache-{s}")
@@ -401,7 +401,7 @@ def measure(s, variant, a, g, d):
     mount.start()
     try:
         mount_reqs = h.diff(g.counters(), before)
-        r = run_loader(a, g, variant, os.path.join(mount.mnt, sub), d["manifest"], mount.proc.pid, a.drop_mounts)
+        r = run_loader(a, g, variant, os.path.join(mount.mnt, sub), d["manifest"], a.drop_mounts, mount.proc.pid)
         r["mount_requests"] = mount_reqs
         r["rss_mib"] = mount.peak_rss_mib()
         r["cmd"] = mount.shown
@@ -497,7 +497,7 @@ def merge_raw(raws, mixed_builds=False):
     meta["parts"]. Errors: runs of different servers or data sets."""
     metas = [r["meta"] for r in raws]
     for m in metas[1:]:
-        for k in ("server_kind", "nodelay", "ttfb_ms", "files", "shards", "drop_mounts"):
+        for k in ("server_kind", "nodelay", "ttfb_ms", "files", "shards", "drop_mounts", "drop_local"):
             if m.get(k) != metas[0].get(k):
                 sys.exit(f"--report: the runs differ in {k} ({metas[0].get(k)!r} vs {m.get(k)!r})")
     built = {m.get("lakemount") for m in metas if any(s.startswith("lakemount") for s in m["systems"])}
@@ -545,7 +545,11 @@ def write(a, meta, results):
              "against the manifest in both epochs.")
     L.append("")
     L.append("Per run and system: fresh mount, empty cache directory; the index; epoch 1; epoch 2; unmount. "
-             f"Before each epoch the page cache is dropped: local disk `echo 3 > /proc/sys/vm/drop_caches`, "
+             f"Before each epoch the page cache is dropped: local disk `echo {meta.get('drop_local', 3)} > "
+             "/proc/sys/vm/drop_caches`"
+             + (" (the same as the mounts: `echo 3` there also dropped what the S3 server keeps of its own files, "
+                "Garage's block files, and slowed the system measured next by 0.5-1 s), "
+                if meta.get("drop_local", 3) == 1 else ", ")
              + ("mounts `echo 1` (the page cache only: the kernel keeps the dentries and inodes the index built, as "
                 "in a training job that lists and then reads; `echo 3` makes it FORGET them, and mount-s3 then looks "
                 "every file up in S3 again, bench/README.md), " if meta.get("drop_mounts", 1) == 1 else
@@ -724,7 +728,8 @@ def main():
     p.add_argument("--drop-mounts", type=int, choices=[1, 3], default=1,
                    help="before each epoch of a mount: echo N > /proc/sys/vm/drop_caches (default 1: the page cache "
                         "only; 3 also drops the kernel's dentries and inodes, which makes the kernel FORGET every "
-                        "inode the index built, bench/README.md). Local disk always gets 3")
+                        "inode the index built, bench/README.md). Local disk gets the same, so that it leaves the S3 server's "
+                        "own file metadata cached for the system measured after it")
     p.add_argument("--lakemount", default=os.path.join(h.REPO, "target", "release", "lakemount"),
                    help="the lakemount binary (default: target/release/lakemount of this checkout); the run uses a "
                         "copy taken at its start ($BENCH_DIR/bin/lakemount-torch)")
@@ -861,7 +866,7 @@ def main():
                 "nodelay": (("$BENCH_DIR" + preload[len(a.bench_dir):] if preload.startswith(a.bench_dir + os.sep)
                              else preload) if preload else None),
                 "port_base": a.port_base, "uploaded": d["uploaded"],
-                "drop_mounts": a.drop_mounts, "lakemount": lakemount_built,
+                "drop_mounts": a.drop_mounts, "drop_local": a.drop_mounts, "lakemount": lakemount_built,
                 "bytes": d["bytes"], "prefix_files": pf, "prefix_tar": pt, "notes": a.note, "bench_dir": a.bench_dir,
                 "server": g.version(), "torch": torch_version, "argv": sys.argv[1:],
                 "load_before": load_before, "load_after": h.loadavg(),
