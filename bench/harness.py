@@ -171,6 +171,39 @@ def loadavg():
         return float(f.read().split()[0])
 
 
+def reserve_ports(lo, hi):
+    """Keeps loopback ports lo..hi (inclusive) out of the kernel's ephemeral
+    range (`net.ipv4.ip_local_reserved_ports`, added to what is there): a
+    client connection of an earlier measurement (tens of thousands per run)
+    may otherwise hold a server's port as its own local port, and the server
+    fails to bind it ("Address already in use"). Best effort: needs root."""
+    path = "/proc/sys/net/ipv4/ip_local_reserved_ports"
+    try:
+        with open(path) as f:
+            have = f.read().strip()
+        want = f"{lo}-{hi}"
+        if want not in have.split(","):
+            with open(path, "w") as f:
+                f.write(f"{have},{want}" if have else want)
+    except OSError as e:
+        log(f"cannot reserve ports {lo}-{hi} ({e}); a server may find its port taken")
+
+
+def wait_listening(port, proc, what, logpath, secs=30):
+    """Waits until 127.0.0.1:port accepts a TCP connection; RuntimeError when
+    `proc` exits or `secs` pass (a server whose listener failed to bind)."""
+    import socket
+    for _ in range(int(secs * 10)):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited {proc.returncode}; see {logpath}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} does not accept connections on port {port}; see {logpath}")
+
+
 # ------------------------------------------------------------------ Garage
 
 
@@ -229,6 +262,7 @@ api_bind_addr = "127.0.0.1:{self.admin_port}"
 
     def start(self):
         self.write_config()
+        reserve_ports(self.s3_port, self.admin_port)
         pidfile = os.path.join(self.dir, "garage.pid")
         # A Garage of an earlier, killed run of this harness: stop it by its pid.
         if os.path.exists(pidfile):
@@ -263,6 +297,7 @@ api_bind_addr = "127.0.0.1:{self.admin_port}"
             time.sleep(0.2)
         else:
             raise RuntimeError("garage server did not answer `garage status` in 60 s")
+        wait_listening(self.s3_port, self.proc, "garage's S3 API", os.path.join(self.dir, "garage.log"))
         self._layout()
         self._key()
         log(f"Garage up at {self.endpoint} (pid {self.proc.pid})")
@@ -359,6 +394,7 @@ class MemServer:
 
     def start(self):
         os.makedirs(self.dir, exist_ok=True)
+        reserve_ports(self.s3_port, self.stats_port)
         # Nothing survives a restart: the upload markers of the last run go too.
         for f in os.listdir(self.dir):
             if f.startswith("uploaded-"):
