@@ -728,8 +728,8 @@ def main():
     p.add_argument("--drop-mounts", type=int, choices=[1, 3], default=1,
                    help="before each epoch of a mount: echo N > /proc/sys/vm/drop_caches (default 1: the page cache "
                         "only; 3 also drops the kernel's dentries and inodes, which makes the kernel FORGET every "
-                        "inode the index built, bench/README.md). Local disk gets the same, so that it leaves the S3 server's "
-                        "own file metadata cached for the system measured after it")
+                        "inode the index built, bench/README.md). Local disk gets the same drop: with 1 it leaves the S3 "
+                        "server's own file metadata cached for the system measured after it")
     p.add_argument("--lakemount", default=os.path.join(h.REPO, "target", "release", "lakemount"),
                    help="the lakemount binary (default: target/release/lakemount of this checkout); the run uses a "
                         "copy taken at its start ($BENCH_DIR/bin/lakemount-torch)")

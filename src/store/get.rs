@@ -21,8 +21,8 @@
 //! * **Hedging**: a GET whose headers are late by the recent 95th
 //!   percentile, and that a reader waits for, is sent a second time
 //!   ([`super::hedge`]); the first sound answer is read. A body that
-//!   pauses as long while a reader waits gets one GET of its rest, pinned
-//!   to its ETag; whichever body sends bytes first is read.
+//!   pauses as long while a reader waits gets a GET of its rest, pinned to
+//!   its ETag; whichever body sends bytes first is read.
 //! * **Clock skew**: the server's `Date` header corrects the signing time,
 //!   as the SDK's clock-skew interceptor does; `RequestTimeTooSkewed` is
 //!   retried with the corrected time.
@@ -339,8 +339,10 @@ impl DirectGet {
     /// Appends the body of `answer` to `buf` until it holds `target` bytes
     /// (the last of them byte `end - 1` of the object) or the body ends, as
     /// [`read_into`] does. A body that pauses for the hedge delay while a
-    /// reader waits for its bytes (`urgency`) is hedged once, when it can be
-    /// pinned to `etag` ([`Self::hedge_rest`]).
+    /// reader waits for its bytes (`urgency`) is hedged when it can be
+    /// pinned to `etag` and the hedge budget allows ([`Self::hedge_rest`]).
+    /// A hedge wins only with body bytes, so a server that sends every
+    /// body late after its headers gets one hedge per pause, not a chain.
     #[allow(clippy::too_many_arguments)]
     async fn read_body(
         &self,
@@ -353,18 +355,18 @@ impl DirectGet {
         urgency: Option<&Urgency>,
     ) -> Result<(), BodyError> {
         let stall = self.stall_timeout;
-        let mut hedge = self.hedge.as_ref().filter(|_| !etag.is_empty());
+        let hedge = self.hedge.as_ref().filter(|_| !etag.is_empty());
         while buf.len() < target {
             let stall_at = Instant::now() + stall;
             let next = match next_chunk(answer, hedge, urgency, stall_at).await {
                 Some(n) => n,
-                None => match hedge.take() {
-                    Some(h) if Instant::now() < stall_at && h.try_spend() => {
+                None => match hedge.filter(|h| Instant::now() < stall_at && h.try_spend()) {
+                    Some(_) => {
                         let rest = end - (target - buf.len()) as u64..end;
                         self.hedge_rest(url, rest, etag, answer, stall_at).await?
                     }
                     // Stalled, or no hedge left in the budget.
-                    _ => tokio::time::timeout_at(stall_at.into(), answer.body.try_next())
+                    None => tokio::time::timeout_at(stall_at.into(), answer.body.try_next())
                         .await
                         .map_err(|_| BodyError::Stalled(stall))?,
                 },
@@ -395,9 +397,12 @@ impl DirectGet {
     ) -> Result<Result<Option<Bytes>, aws_smithy_types::byte_stream::error::Error>, BodyError> {
         let resume = async {
             let mut new = self.send(url, &rest, etag).await.ok()?;
-            match new.body.try_next().await {
-                Ok(Some(chunk)) => Some((new, chunk)),
-                _ => None,
+            loop {
+                match new.body.try_next().await {
+                    Ok(Some(chunk)) if chunk.is_empty() => continue,
+                    Ok(Some(chunk)) => return Some((new, chunk)),
+                    _ => return None,
+                }
             }
         };
         tokio::select! {

@@ -429,8 +429,9 @@ impl TestServer {
     /// blocking other requests) before being answered. For bucket-level operations
     /// such as `ListObjectsV2` the key is the request's `prefix` parameter ("" if
     /// none). `op` `"GetObjectBody"` delays the first byte of GetObject
-    /// bodies instead, after headers sent at once. A zero `delay` removes
-    /// the rule for this `(op, key_prefix)`.
+    /// bodies instead, after headers sent at once (not for a key whose body
+    /// is broken by [`Self::break_bodies`], nor while a body rate is set).
+    /// A zero `delay` removes the rule for this `(op, key_prefix)`.
     pub fn set_delay(&self, op: &str, key_prefix: &str, delay: Duration) {
         self.inner.hooks.set_delay(op, key_prefix, delay);
     }

@@ -698,8 +698,6 @@ fn paced_body(data: bytes::Bytes, hooks: Arc<crate::hooks::Hooks>) -> StreamingB
     StreamingBlob::wrap(stream)
 }
 
-/// A body that sends `head` and then fails (`stall` false) or sends nothing
-/// more and stays open (`stall` true).
 /// `data` as a body whose first byte comes `delay` after the headers.
 fn delayed_body(data: bytes::Bytes, delay: std::time::Duration) -> StreamingBlob {
     let late = futures::stream::once(async move {
@@ -709,6 +707,8 @@ fn delayed_body(data: bytes::Bytes, delay: std::time::Duration) -> StreamingBlob
     StreamingBlob::wrap(late)
 }
 
+/// A body that sends `head` and then fails (`stall` false) or sends nothing
+/// more and stays open (`stall` true).
 fn broken_body(head: bytes::Bytes, stall: bool) -> StreamingBlob {
     use futures::StreamExt;
     let first = futures::stream::iter([Ok::<_, std::io::Error>(head)]);
