@@ -409,6 +409,11 @@ def measure(s, variant, a, g, d):
         du = h.run(["du", "-sb", cache_dir], check=False)
         if "nocache" not in s and s != "s3fs" and s != "rclone-off" and du.returncode == 0:
             r["cache_bytes"] = int(du.stdout.split()[0])
+            if r["cache_bytes"] < d["bytes"] // 2 and "half" not in s:
+                # A nearly full disk: lakemount's `cache.min_free` and
+                # Mountpoint's default cache limit then store nothing.
+                h.log(f"WARNING: {s}'s cache directory holds {r['cache_bytes'] / h.MIB:.0f} MiB of a "
+                      f"{d['bytes'] / h.MIB:.0f} MiB data set; is the disk nearly full? (df {cache_dir})")
     finally:
         mount.stop()
         shutil.rmtree(cache_dir, ignore_errors=True)
