@@ -37,7 +37,9 @@ pub fn run_mount(args: &MountArgs) -> anyhow::Result<()> {
         warn!("{note}");
     }
     raise_open_files_limit();
-    let result = mount_and_serve(&source, &args.mountpoint, &config);
+    // Before any thread of the mount starts: they all inherit the mask.
+    let stop = StopSignals::start()?;
+    let result = mount_and_serve(&source, &args.mountpoint, &config, stop);
     if let Err(e) = &result {
         daemon::report_failure(&format!("{e:#}"));
     }
@@ -221,29 +223,13 @@ fn worker_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
 }
 
-fn mount_and_serve(source: &Source, mountpoint: &Path, config: &Config) -> anyhow::Result<()> {
+fn mount_and_serve(
+    source: &Source,
+    mountpoint: &Path,
+    config: &Config,
+    stop: StopSignals,
+) -> anyhow::Result<()> {
     let mut mounted = Mounted::start(source, mountpoint, config)?;
-    let mut unmounter = mounted.unmounter()?;
-    mounted.runtime().spawn(async move {
-        wait_for_signal().await;
-        info!("signal received, unmounting");
-        UNMOUNT_ASKED.store(true, std::sync::atomic::Ordering::SeqCst);
-        daemon::report_stopping();
-        // EBUSY can be transient: a path lookup or statfs in flight on the
-        // mount (the health probe's, another process's) holds it for a moment.
-        for attempt in 1..=UNMOUNT_TRIES {
-            match unmounter.unmount() {
-                Ok(()) => break,
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempt < UNMOUNT_TRIES => {
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
-                Err(e) => {
-                    warn!("unmount failed: {e}");
-                    break;
-                }
-            }
-        }
-    });
     if let Err(e) = wait_answering(mountpoint, READY_WITHIN) {
         // The session is wedged: a plain unmount would wait on it (EBUSY
         // while the probe's statfs is held), so the mount is detached and
@@ -257,8 +243,119 @@ fn mount_and_serve(source: &Source, mountpoint: &Path, config: &Config) -> anyho
         }
         std::process::exit(1);
     }
+    let mut unmounter = mounted.unmounter()?;
+    let path = mountpoint.to_path_buf();
+    // Once the mount answers: a stop signal that came before waits here.
+    mounted.runtime().spawn(async move {
+        stop.received.notified().await;
+        info!("signal received, unmounting");
+        UNMOUNT_ASKED.store(true, std::sync::atomic::Ordering::SeqCst);
+        daemon::report_stopping();
+        // EBUSY can be transient: a path lookup or statfs in flight on the
+        // mount (the health probe's, another process's) holds it for a moment.
+        // fuser's unmounter gives up its mount at the first attempt, failed
+        // or not: later attempts unmount the path themselves.
+        for attempt in 1..=UNMOUNT_TRIES {
+            let tried = if attempt == 1 {
+                unmounter.unmount()
+            } else {
+                unmount_path(&path)
+            };
+            match tried {
+                Ok(()) => break,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempt < UNMOUNT_TRIES => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    warn!("unmount failed: {e}");
+                    break;
+                }
+            }
+        }
+    });
     daemon::report_ready();
     mounted.wait()
+}
+
+/// SIGINT and SIGTERM, taken by one thread with sigwait(3) and blocked in
+/// every other: a stop signal never meets a thread without a handler, so one
+/// that comes right after the kernel mount (`systemctl stop` just after
+/// start) no longer kills the daemon by default action, leaving its mount
+/// point dead. Before the kernel mount the process just exits (128 + the
+/// signal, as a shell reports it): nothing is mounted yet, and the bucket
+/// check may take up to `s3.request_deadline_secs`. After it, `received`
+/// is notified (a permit is kept until the unmounting task waits).
+struct StopSignals {
+    received: Arc<tokio::sync::Notify>,
+}
+
+/// Set just before the kernel mount: a stop signal from then on unmounts.
+static KERNEL_MOUNT_STARTED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+impl StopSignals {
+    /// Blocks SIGINT and SIGTERM in the calling thread (and so in every
+    /// thread it starts afterwards) and starts the thread that waits for
+    /// them. Call it before any other thread of the mount starts.
+    /// Errors: the thread could not be started.
+    fn start() -> anyhow::Result<Self> {
+        // SAFETY: a zeroed sigset_t is then initialised by sigemptyset;
+        // pthread_sigmask changes this thread's mask only.
+        let set = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            set
+        };
+        let received = Arc::new(tokio::sync::Notify::new());
+        let notify = received.clone();
+        std::thread::Builder::new()
+            .name("lakemount-signals".into())
+            .spawn(move || {
+                loop {
+                    let mut sig: libc::c_int = 0;
+                    // SAFETY: `set` is initialised; sigwait writes `sig`.
+                    if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                        continue;
+                    }
+                    if !KERNEL_MOUNT_STARTED.load(std::sync::atomic::Ordering::SeqCst) {
+                        std::process::exit(128 + sig);
+                    }
+                    notify.notify_one();
+                }
+            })
+            .context("starting the signal thread")?;
+        Ok(Self { received })
+    }
+}
+
+/// Unmounts the file system at `path` (umount(2); without the privilege
+/// for it, `fusermount3 -u`, which unmounts a mount of the calling user).
+/// Errors: the system call's (EBUSY while a request is in flight on it), or
+/// EBUSY when `fusermount3` fails.
+fn unmount_path(path: &Path) -> std::io::Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    // SAFETY: umount2 of a NUL-terminated path, no flags.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EPERM) {
+        return Err(e);
+    }
+    let ok = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(path)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        Ok(())
+    } else {
+        Err(std::io::Error::from_raw_os_error(libc::EBUSY))
+    }
 }
 
 /// Unmount attempts at a signal while the mount is busy, 100 ms apart.
@@ -429,6 +526,7 @@ impl Mounted {
             config.read.direct_io_min_size,
             config.mount.fuse_threads,
         );
+        KERNEL_MOUNT_STARTED.store(true, std::sync::atomic::Ordering::SeqCst);
         let mut session = fuser::Session::new(adapter, mountpoint, &fuse_config(source, config))
             .with_context(|| format!("mounting at {}", mountpoint.display()))?;
         let unmounter = session.unmount_callable();
@@ -741,21 +839,6 @@ async fn probe(store: &S3Store, source: &Source, config: &Config) -> anyhow::Res
             source.bucket,
             source.prefix
         ),
-    }
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        warn!("cannot install signal handlers; unmount with `umount`");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
     }
 }
 
