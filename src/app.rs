@@ -176,7 +176,6 @@ fn statfs(path: &Path) -> std::io::Result<()> {
 /// there. Returns the note for the log.
 fn detach_dead_fuse_mount(path: &Path, err: &std::io::Error) -> anyhow::Result<String> {
     let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-    let want = abs.to_string_lossy();
     // Only a lakemount (a FUSE type whose source is lakemount's FSName,
     // "lakemount:..."): another FUSE file system, mergerfs over a dead
     // branch say, can pass ENOTCONN on while it lives.
@@ -190,20 +189,7 @@ fn detach_dead_fuse_mount(path: &Path, err: &std::io::Error) -> anyhow::Result<S
             abs.display()
         );
     };
-    let c = std::ffi::CString::new(want.as_bytes())
-        .with_context(|| format!("mount point {}", path.display()))?;
-    // SAFETY: umount2(2) with a NUL-terminated path.
-    let done = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0;
-    let done = done
-        || ["fusermount3", "fusermount"].iter().any(|tool| {
-            std::process::Command::new(tool)
-                .args(["-u", "-z"])
-                .arg(&abs)
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        });
-    if !done {
+    if unmount_path(&abs, true).is_err() {
         bail!(
             "mount point {} is a {fstype} mount whose daemon is gone ({err}), and \
              unmounting it failed; run `umount -l {}` (or `fusermount3 -uz`) as its owner",
@@ -237,10 +223,7 @@ fn mount_and_serve(
         let msg = format!("{e:#}");
         error!("{msg}");
         daemon::report_failure(&msg);
-        if let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes()) {
-            // SAFETY: umount2 of a NUL-terminated path; MNT_DETACH only.
-            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
-        }
+        let _ = unmount_path(mountpoint, true);
         std::process::exit(1);
     }
     let mut unmounter = mounted.unmounter()?;
@@ -259,7 +242,7 @@ fn mount_and_serve(
             let tried = if attempt == 1 {
                 unmounter.unmount()
             } else {
-                unmount_path(&path)
+                unmount_path(&path, false)
             };
             match tried {
                 Ok(()) => break,
@@ -331,30 +314,38 @@ impl StopSignals {
     }
 }
 
-/// Unmounts the file system at `path` (umount(2); without the privilege
-/// for it, `fusermount3 -u`, which unmounts a mount of the calling user).
-/// Errors: the system call's (EBUSY while a request is in flight on it), or
-/// EBUSY when `fusermount3` fails.
-fn unmount_path(path: &Path) -> std::io::Result<()> {
+/// Unmounts the file system at `path` with umount(2) (`lazy`: MNT_DETACH,
+/// the mount goes at once and ends once nothing uses it), falling back to
+/// `fusermount3 -u` (or `fusermount`; `-z` when lazy), which unmount a
+/// mount of the calling user without privilege: when umount(2) was refused
+/// (EPERM), or failed in any way when lazy. Errors: umount(2)'s (EBUSY while
+/// a request is in flight on the mount); EBUSY when the tools failed after
+/// EPERM.
+fn unmount_path(path: &Path, lazy: bool) -> std::io::Result<()> {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
-    // SAFETY: umount2 of a NUL-terminated path, no flags.
-    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: umount2 of a NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
         return Ok(());
     }
     let e = std::io::Error::last_os_error();
-    if e.raw_os_error() != Some(libc::EPERM) {
+    let refused = e.raw_os_error() == Some(libc::EPERM);
+    if !(lazy || refused) {
         return Err(e);
     }
-    let ok = std::process::Command::new("fusermount3")
-        .arg("-u")
-        .arg(path)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if ok {
-        Ok(())
-    } else {
-        Err(std::io::Error::from_raw_os_error(libc::EBUSY))
+    let args: &[&str] = if lazy { &["-u", "-z"] } else { &["-u"] };
+    let by_tool = ["fusermount3", "fusermount"].iter().any(|tool| {
+        std::process::Command::new(tool)
+            .args(args)
+            .arg(path)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    match (by_tool, refused) {
+        (true, _) => Ok(()),
+        (false, true) => Err(std::io::Error::from_raw_os_error(libc::EBUSY)),
+        (false, false) => Err(e),
     }
 }
 

@@ -422,8 +422,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         let attr = self.fresh_attr(ino).await?;
         self.check_open(ino, &attr)?;
         let backing = match &self.cache {
-            // A small object is never passed through: no disk to wait on,
-            // so no reason to wake another session thread.
+            // A small object is never passed through: no blocking task.
             Some(cache) if passthrough && cache.may_back(attr.size) => {
                 let (cache, key, etag) = (cache.clone(), attr.key.clone(), attr.etag.clone());
                 tokio::task::spawn_blocking(move || cache.backing(&key, &etag, attr.size))
