@@ -517,9 +517,11 @@ impl Mounted {
             config.read.direct_io_min_size,
             config.mount.fuse_threads,
         );
+        let notifier = adapter.notifier_slot();
         KERNEL_MOUNT_STARTED.store(true, std::sync::atomic::Ordering::SeqCst);
         let mut session = fuser::Session::new(adapter, mountpoint, &fuse_config(source, config))
             .with_context(|| format!("mounting at {}", mountpoint.display()))?;
+        let _ = notifier.set(session.notifier());
         let unmounter = session.unmount_callable();
         let extra_unmounter = session.unmount_callable();
         let session_thread = std::thread::Builder::new()

@@ -789,8 +789,9 @@ fn direct_io_and_passthrough_opens_of_one_file_never_conflict() {
 }
 
 /// With the default `cache.passthrough_min_size` (64 KiB), a small fully
-/// cached file is not sealed and is read through lakemount from the disk
-/// cache (no GET, no passthrough open), while a large one is passed through.
+/// cached file is not sealed and is served by lakemount from the disk cache
+/// (no GET, no passthrough open: its open puts it in the page cache, so no
+/// read request either), while a large one is passed through.
 #[test]
 fn small_files_are_read_through_lakemount_not_passed_through() {
     let srv = private_server();
@@ -819,9 +820,14 @@ fn small_files_are_read_through_lakemount_not_passed_through() {
         "{body}"
     );
     assert_eq!(
+        metric(&body, "lakemount_page_cache_fills_total{result=\"ok\"}"),
+        1.0,
+        "the small file's open fills the page cache:\n{body}"
+    );
+    assert_eq!(
         metric(&body, "lakemount_fuse_read_bytes_total"),
-        small.len() as f64,
-        "only the small file is read through lakemount:\n{body}"
+        0.0,
+        "no read reaches lakemount:\n{body}"
     );
     assert_eq!(srv.request_count("GetObject"), 0, "{}", m.log());
     // Sealed: the large object only.

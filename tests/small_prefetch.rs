@@ -115,6 +115,8 @@ fn prefetched_objects_are_read_with_no_further_get() {
             m.log()
         );
         let body = scrape(&addr);
+        // Their opens put them in the page cache: no read request either.
+        assert_eq!(fuse_reads(&body), 1.0, "{body}");
         assert_eq!(
             metric_sum(&body, "lakemount_small_prefetch_hits_total"),
             39.0,
@@ -135,6 +137,56 @@ fn prefetched_objects_are_read_with_no_further_get() {
     }
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(gets(&srv), 0, "{}", m.log());
+}
+
+fn fuse_reads(body: &str) -> f64 {
+    metric(body, "lakemount_fuse_requests_total{op=\"read\"}")
+}
+
+/// Drops the kernel page cache of the file at `path` (clean pages only).
+fn drop_pages(path: &std::path::Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0, "posix_fadvise {}", path.display());
+}
+
+/// A small file in the data cache whose kernel pages are gone (the next
+/// epoch on a node short of memory) is put back in the page cache by its
+/// open: the read that follows sends no request. One whose object changed
+/// in S3 is read at its new version once the metadata TTL has passed.
+#[test]
+fn an_open_puts_a_cached_small_file_in_the_page_cache() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "smallfill");
+    let files = small_files(&srv, &b, "f", 20);
+    let dir = TempDir::new("smallfill-cache");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .args(&["--metrics-addr", &addr, "--metadata-ttl", "5"])
+        .args(&["--cache-dir", dir.0.join("c").to_str().unwrap()])
+        .mount();
+    for (k, d) in &files {
+        assert!(std::fs::read(m.p(k)).unwrap() == *d, "epoch 1: {k} differs");
+    }
+    let before = scrape(&addr);
+    let fills = |body: &str| metric(body, "lakemount_page_cache_fills_total{result=\"ok\"}");
+    for (k, d) in &files {
+        drop_pages(&m.p(k));
+        assert!(std::fs::read(m.p(k)).unwrap() == *d, "epoch 2: {k} differs");
+    }
+    let after = scrape(&addr);
+    assert_eq!(fuse_reads(&after), fuse_reads(&before), "{after}");
+    // Two opens per file: drop_pages' own, then the read's.
+    assert_eq!(fills(&after) - fills(&before), 40.0, "{after}");
+    // Overwritten with other bytes of the same size: after the TTL the
+    // open finds the new ETag and never the old version's pages.
+    let (k, old) = &files[3];
+    let new: Vec<u8> = old.iter().map(|b| b ^ 0xff).collect();
+    srv.put(&b, k, new.clone());
+    std::thread::sleep(Duration::from_millis(5500));
+    assert!(std::fs::read(m.p(k)).unwrap() == new, "{}", m.log());
 }
 
 /// An object overwritten in S3 after it was prefetched is read at its new

@@ -18,7 +18,7 @@ use serde::Deserialize;
 pub use error::FsError;
 
 use crate::meta::names::{BadName, check_name};
-use crate::meta::{Attr, DirListing, EntryKind, Meta, MetaConfig, ROOT_INO};
+use crate::meta::{Attr, CachedPages, DirListing, EntryKind, Meta, MetaConfig, ROOT_INO};
 use crate::read::small::{SmallPrefetch, Taken};
 use crate::read::{MemoryBudget, ReadConfig, Reader};
 use crate::store::{ObjectStore, WriteStore};
@@ -117,6 +117,13 @@ pub struct Opened {
     /// for and `write.passthrough`). Whoever serves the open that way tells
     /// [`Fs::passthrough_opened`] before the kernel may write.
     pub staged: Option<StagedBacking>,
+    /// The whole object (`size` bytes), when it is small (at most
+    /// `read.small_max_size`), at hand at the open (prefetched, or in the
+    /// data cache) and the kernel page cache held no other version of it:
+    /// whoever serves the open through lakemount may put these bytes in the
+    /// page cache (FUSE_NOTIFY_STORE) and keep it, so that the reads of this
+    /// open need no request.
+    pub fill: Option<Bytes>,
 }
 
 /// A staged file's data file, for FUSE passthrough.
@@ -432,7 +439,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             }
             _ => None,
         };
-        Ok(self.open_file(ino, &attr, backing))
+        Ok(self.open_file(ino, &attr, backing, false))
     }
 
     /// [`Fs::open`] without waiting on the network: `None` when the
@@ -480,7 +487,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             }
             _ => None,
         };
-        Some(Ok(self.open_file(ino, &attr, backing)))
+        Some(Ok(self.open_file(ino, &attr, backing, true)))
     }
 
     /// Errors of an open of `ino` with fresh attributes `attr`: EISDIR, or
@@ -498,9 +505,15 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
 
     /// Opens a file handle of `ino` at `attr`'s ETag; with `backing`, for
     /// passthrough. A small object takes what small-object read-ahead
-    /// fetched of it.
-    fn open_file(&self, ino: u64, attr: &Attr, backing: Option<Backing>) -> Opened {
-        let keep_cache = self.meta.inodes.swap_cached_etag(ino, &attr.etag);
+    /// fetched of it. `now`: on a thread that may read the local disk briefly
+    /// (a FUSE session thread): the page-cache fill ([`Opened::fill`]) may
+    /// then come from the data cache's disk tier too.
+    fn open_file(&self, ino: u64, attr: &Attr, backing: Option<Backing>, now: bool) -> Opened {
+        let pages = self.meta.inodes.swap_cached_etag(ino, &attr.etag);
+        let may_fill = backing.is_none()
+            && pages != CachedPages::Other
+            && attr.size > 0
+            && attr.size <= self.read_config.small_max_size;
         let mut reader = Reader::new(
             self.store.clone(),
             &attr.key,
@@ -511,13 +524,28 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         )
         .with_cache(self.cache.clone());
         let mut prefetch_dir = None;
+        let mut fill = None;
         if let Some(small) = self.small.as_ref().filter(|s| s.is_small(attr.size)) {
             match small.take(&attr.key, &attr.etag, attr.size) {
-                Taken::Prefetched(part) => reader = reader.with_whole_object(part),
+                Taken::Prefetched(part) => {
+                    if may_fill {
+                        fill = part.whole_now(attr.size);
+                    }
+                    reader = reader.with_whole_object(part);
+                }
                 Taken::Missed(before) => {
                     prefetch_dir = Some((attr.key.clone(), attr.parent_prefix.clone(), before))
                 }
             }
+        }
+        if may_fill
+            && now
+            && fill.is_none()
+            && let Some(cache) = &self.cache
+        {
+            fill = cache
+                .range_now(&attr.key, &attr.etag, attr.size, 0..attr.size)
+                .map(|segs| segs.slice(0, segs.len()));
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let file = OpenFile {
@@ -527,11 +555,12 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         self.files.lock().unwrap().insert(fh, file);
         Opened {
             fh,
-            keep_cache,
+            keep_cache: pages == CachedPages::Same,
             size: attr.size,
             backing,
             local: false,
             staged: None,
+            fill,
         }
     }
 

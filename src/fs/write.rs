@@ -294,6 +294,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             backing: None,
             local: true,
             staged,
+            fill: None,
         }
     }
 

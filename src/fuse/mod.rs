@@ -10,13 +10,14 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use fuser::{
     BackingId, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation,
-    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 use tracing::{debug, info, warn};
 
@@ -132,6 +133,9 @@ pub struct FuseFs<S> {
     direct_io_min_size: u64,
     /// Which session threads read /dev/fuse: one at a time ([`turns`]).
     turns: Turns,
+    /// The session's notifier, set once the session exists
+    /// ([`FuseFs::notifier_slot`]).
+    notifier: Arc<OnceLock<Notifier>>,
 }
 
 impl<S: ObjectStore + WriteStore> FuseFs<S> {
@@ -157,7 +161,15 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
             io: Arc::new(Mutex::new(IoModes::default())),
             direct_io_min_size,
             turns: Turns::new(session_threads, turns::PATIENCE),
+            notifier: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// Where the session's notifier goes once the session is created
+    /// (`fuser::Session::notifier`); until then opens do not fill the page
+    /// cache.
+    pub fn notifier_slot(&self) -> Arc<OnceLock<Notifier>> {
+        self.notifier.clone()
     }
 
     /// Starts a request of `op` on this session thread: counted, and its
@@ -314,7 +326,11 @@ fn file_type(kind: EntryKind) -> FileType {
 
 /// How the kernel is to serve one open.
 enum Served {
-    Daemon,
+    /// Through lakemount; `alone`: no other open of the inode is live, so
+    /// no read of it can be in flight.
+    Daemon {
+        alone: bool,
+    },
     Passthrough(Arc<BackingId>),
     /// The inode's passthrough opens are of another file: this open cannot
     /// join them, nor be served by lakemount beside them (the kernel would
@@ -369,6 +385,7 @@ fn choose_mode<S: ObjectStore + WriteStore>(
         e.daemon += 1;
         IoMode::Daemon
     };
+    let alone = e.daemon == 1 && e.passthrough == 0;
     st.handles.insert(o.fh, (ino, mode));
     drop(st);
     match shared {
@@ -383,7 +400,7 @@ fn choose_mode<S: ObjectStore + WriteStore>(
             }
             Served::Passthrough(id)
         }
-        None => Served::Daemon,
+        None => Served::Daemon { alone },
     }
 }
 
@@ -405,22 +422,63 @@ fn daemon_flags(o: &crate::fs::Opened, direct_io_min_size: u64) -> FopenFlags {
     flags
 }
 
+/// What serving an open needs besides the file system.
+struct Serving<'a> {
+    /// The inodes' I/O modes.
+    io: &'a Mutex<IoModes>,
+    /// Whether passthrough is on.
+    on: &'a PassthroughOn,
+    /// [`FuseFs::direct_io_min_size`].
+    direct_io_min_size: u64,
+    /// Fills the page cache with a small object's bytes ([`fill_page_cache`]).
+    notifier: Option<&'a Notifier>,
+}
+
 /// Answers an open with the I/O mode [`IoModes`] allows, and records it.
 fn open_reply<S: ObjectStore + WriteStore>(
     fs: &Fs<S>,
     reply: ReplyOpen,
     ino: u64,
     mut o: crate::fs::Opened,
-    io: &Mutex<IoModes>,
-    on: &PassthroughOn,
-    direct_io_min_size: u64,
+    how: &Serving<'_>,
 ) {
     let fh = FileHandle(o.fh);
-    match choose_mode(fs, ino, &mut o, io, on, |f| reply.open_backing(f)) {
+    match choose_mode(fs, ino, &mut o, how.io, how.on, |f| reply.open_backing(f)) {
         Served::Passthrough(id) => reply.opened_passthrough(fh, FopenFlags::empty(), &id),
-        Served::Daemon => reply.opened(fh, daemon_flags(&o, direct_io_min_size)),
+        Served::Daemon { alone } => {
+            let mut flags = daemon_flags(&o, how.direct_io_min_size);
+            if let (true, Some(n), Some(bytes)) = (alone, how.notifier, o.fill.take())
+                && !flags.contains(FopenFlags::FOPEN_DIRECT_IO)
+                && fill_page_cache(n, ino, &bytes)
+            {
+                flags |= FopenFlags::FOPEN_KEEP_CACHE;
+            }
+            reply.opened(fh, flags)
+        }
         Served::Busy => reply.error(errno("open", &FsError::Busy)),
     }
+}
+
+/// Puts all of a small object's `bytes` in the kernel page cache of `ino`
+/// (FUSE_NOTIFY_STORE) before its open is answered, so that the open may keep
+/// the page cache and its reads need no request. Only for an open that no
+/// other open of the inode shares: a read in flight holds locks on the pages
+/// it fills, which the store would wait for, and that read may be waiting
+/// for this very thread (a runtime worker, or the one session thread).
+/// Returns whether the kernel took
+/// them all (on an error the open does not keep the page cache, which drops
+/// any part stored).
+fn fill_page_cache(notifier: &Notifier, ino: u64, bytes: &bytes::Bytes) -> bool {
+    let ok = match notifier.store(INodeNo(ino), 0, bytes) {
+        Ok(()) => true,
+        Err(e) => {
+            debug!(ino, "page cache fill refused: {e}");
+            false
+        }
+    };
+    let result = if ok { "ok" } else { "failed" };
+    metrics::counter!(m::PAGE_CACHE_FILLS, "result" => result).increment(1);
+    ok
 }
 
 /// The backing id of a registered backing file, or `None` (said by
@@ -606,15 +664,15 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
             .try_open_now(ino.0, write, want.cached, || turn.may_block())
         {
             return match r {
-                Ok(o) => open_reply(
-                    &self.fs,
-                    reply,
-                    ino.0,
-                    o,
-                    &self.io,
-                    &self.passthrough,
-                    self.direct_io_min_size,
-                ),
+                Ok(o) => {
+                    let how = Serving {
+                        io: &self.io,
+                        on: &self.passthrough,
+                        direct_io_min_size: self.direct_io_min_size,
+                        notifier: self.notifier.get(),
+                    };
+                    open_reply(&self.fs, reply, ino.0, o, &how)
+                }
                 Err(e) => reply.error(errno("open", &e)),
             };
         }
@@ -622,9 +680,18 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         let passthrough = self.passthrough.clone();
         let io = self.io.clone();
         let direct = self.direct_io_min_size;
+        let notifier = self.notifier.clone();
         self.rt.spawn(async move {
             match fs.open(ino.0, write, truncate, want).await {
-                Ok(o) => open_reply(&fs, reply, ino.0, o, &io, &passthrough, direct),
+                Ok(o) => {
+                    let how = Serving {
+                        io: &io,
+                        on: &passthrough,
+                        direct_io_min_size: direct,
+                        notifier: notifier.get(),
+                    };
+                    open_reply(&fs, reply, ino.0, o, &how)
+                }
                 Err(e) => reply.error(errno("open", &e)),
             }
         });
@@ -880,7 +947,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
                             FopenFlags::empty(),
                             &id,
                         ),
-                        Served::Daemon => {
+                        Served::Daemon { .. } => {
                             reply.created(&ttl, &attr, Generation(0), fh, FopenFlags::empty())
                         }
                         Served::Busy => reply.error(errno("create", &FsError::Busy)),

@@ -57,6 +57,18 @@ struct Table {
     next_ino: u64,
 }
 
+/// What the kernel page cache of an inode held before an open
+/// ([`InodeTable::swap_cached_etag`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CachedPages {
+    /// Nothing: no open of this inode was served yet.
+    Nothing,
+    /// Data of the ETag being opened.
+    Same,
+    /// Data of another version, or the inode is gone.
+    Other,
+}
+
 /// The inode table. All methods take the lock briefly and never across I/O.
 #[derive(Debug)]
 pub struct InodeTable {
@@ -318,16 +330,21 @@ impl InodeTable {
         }
     }
 
-    /// Notes that the kernel page cache of `ino` now holds data of `etag`;
-    /// returns true when it already did (the open may keep the page cache).
-    pub fn swap_cached_etag(&self, ino: u64, etag: &str) -> bool {
+    /// Notes that the kernel page cache of `ino` now holds data of `etag`,
+    /// and says what it held before (the open may keep the page cache when
+    /// it held the same ETag's).
+    pub fn swap_cached_etag(&self, ino: u64, etag: &str) -> CachedPages {
         let mut t = self.table.lock().unwrap();
         let Some(inode) = t.inodes.get_mut(&ino) else {
-            return false;
+            return CachedPages::Other;
         };
-        let same = inode.cached_etag.as_deref() == Some(etag);
+        let before = match inode.cached_etag.as_deref() {
+            None => CachedPages::Nothing,
+            Some(e) if e == etag => CachedPages::Same,
+            Some(_) => CachedPages::Other,
+        };
         inode.cached_etag = Some(etag.to_string());
-        same
+        before
     }
 
     /// The kernel forgets `n` lookups of `ino`; at zero the inode is dropped.

@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use tracing::warn;
 
-pub use inode::{Attr, InodeTable, ROOT_INO};
+pub use inode::{Attr, CachedPages, InodeTable, ROOT_INO};
 pub use listing::{EntryKind, ListedEntry};
 
 use crate::store::{ObjectStore, StoreError};

@@ -146,6 +146,13 @@ impl Part {
         self.wanted()
     }
 
+    /// The part's bytes as one buffer when its GET has ended with all `size`
+    /// of them (a copy only when they came in several segments).
+    pub(crate) fn whole_now(&self, size: u64) -> Option<Bytes> {
+        let segs = self.bytes()?;
+        (segs.len() as u64 == size).then(|| segs.slice(0, segs.len()))
+    }
+
     /// Bytes of the part's finished GET, if it succeeded.
     pub(crate) fn bytes(&self) -> Option<&Segments> {
         self.held.result()?.as_ref().ok()

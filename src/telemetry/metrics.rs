@@ -61,6 +61,11 @@ pub const FUSE_READ_BYTES: &str = "lakemount_fuse_read_bytes_total";
 /// Counter: opens answered with FOPEN_DIRECT_IO (files of at least
 /// `read.direct_io_min_size` bytes): their reads bypass the page cache.
 pub const FUSE_DIRECT_IO_OPENS: &str = "lakemount_fuse_direct_io_opens_total";
+/// Counter: small objects put in the kernel page cache before their open was
+/// answered (FUSE_NOTIFY_STORE), label `result` (ok: the open kept the page
+/// cache and its reads need no request; failed: the kernel refused, the open
+/// is served as without).
+pub const PAGE_CACHE_FILLS: &str = "lakemount_page_cache_fills_total";
 /// Counter: FUSE requests received, label `op` (lookup, getattr, open, read,
 /// flush, release, opendir, readdir, readdirplus, releasedir, forget, getxattr,
 /// listxattr, statfs, access, ioctl, and on a writable mount create, write,
