@@ -118,8 +118,9 @@ pub struct Opened {
     /// [`Fs::passthrough_opened`] before the kernel may write.
     pub staged: Option<StagedBacking>,
     /// The whole object (`size` bytes), when it is small (at most
-    /// `read.small_max_size`), at hand at the open (prefetched, or in the
-    /// data cache) and the kernel page cache held no other version of it:
+    /// `read.small_max_size` and 1 MiB), the mount is read-only, the bytes
+    /// are at hand at the open (prefetched, or in the data cache) and the
+    /// kernel page cache held no other version of it:
     /// whoever serves the open through lakemount may put these bytes in the
     /// page cache (FUSE_NOTIFY_STORE) and keep it, so that the reads of this
     /// open need no request.
@@ -197,6 +198,11 @@ pub const XATTR_CACHE_LIMIT: &str = "user.lakemount.cache_limit";
 
 /// `.` and `..` take offsets 1 and 2; entry `i` of a listing takes `i + 3`.
 const FIRST_ENTRY_OFFSET: u64 = 3;
+/// Largest object an open puts in the page cache itself ([`Opened::fill`]),
+/// bytes: the store is a copy made before the open is answered, so it is
+/// kept to what small-object read-ahead handles by default
+/// (`read.small_max_size`, which may be set up to 64 MiB).
+const MAX_FILL: u64 = 1 << 20;
 
 impl<S: ObjectStore + WriteStore> Fs<S> {
     /// A file system over `store` rooted at `root_prefix` (`""` or ending in `/`).
@@ -507,13 +513,17 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// passthrough. A small object takes what small-object read-ahead
     /// fetched of it. `now`: on a thread that may read the local disk briefly
     /// (a FUSE session thread): the page-cache fill ([`Opened::fill`]) may
-    /// then come from the data cache's disk tier too.
+    /// then come from the data cache (memory or disk tier) too, not only
+    /// from a finished prefetch.
     fn open_file(&self, ino: u64, attr: &Attr, backing: Option<Backing>, now: bool) -> Opened {
         let pages = self.meta.inodes.swap_cached_etag(ino, &attr.etag);
+        // Not on a writable mount: a truncate racing with the store would
+        // get the old bytes back (the store also sets the file's size).
         let may_fill = backing.is_none()
+            && !self.writable()
             && pages != CachedPages::Other
             && attr.size > 0
-            && attr.size <= self.read_config.small_max_size;
+            && attr.size <= self.read_config.small_max_size.min(MAX_FILL);
         let mut reader = Reader::new(
             self.store.clone(),
             &attr.key,

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use fuser::{
     BackingId, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation,
@@ -87,6 +87,9 @@ struct InodeIo {
     /// While `passthrough > 0`: what every passthrough open of this inode
     /// shares.
     backing: Option<Shared>,
+    /// An open of this inode is putting its object in the page cache
+    /// ([`fill_page_cache`]); other opens of the inode wait until it is done.
+    filling: bool,
 }
 
 /// The backing file of an inode's passthrough opens. One inode is one object
@@ -117,6 +120,28 @@ struct IoModes {
     handles: HashMap<u64, (u64, IoMode)>,
 }
 
+/// [`IoModes`] behind its lock, with the condition an open waits on while
+/// another open of its inode fills the page cache ([`InodeIo::filling`]).
+#[derive(Default)]
+struct IoTable {
+    modes: Mutex<IoModes>,
+    fill_ended: Condvar,
+}
+
+impl IoTable {
+    fn lock(&self) -> MutexGuard<'_, IoModes> {
+        self.modes.lock().unwrap()
+    }
+
+    /// Ends the page-cache fill of `ino` that [`choose_mode`] began.
+    fn end_fill(&self, ino: u64) {
+        if let Some(e) = self.lock().inodes.get_mut(&ino) {
+            e.filling = false;
+        }
+        self.fill_ended.notify_all();
+    }
+}
+
 /// The adapter. Cheap to share: the session threads each hold an `Arc` of it.
 pub struct FuseFs<S> {
     fs: Arc<Fs<S>>,
@@ -126,7 +151,7 @@ pub struct FuseFs<S> {
     want_passthrough: Passthrough,
     /// Passthrough was negotiated at init and backing files can be opened.
     passthrough: Arc<PassthroughOn>,
-    io: Arc<Mutex<IoModes>>,
+    io: Arc<IoTable>,
     /// Files of at least this many bytes are opened with FOPEN_DIRECT_IO
     /// (`read.direct_io_min_size`); 0 when off, or when the kernel cannot
     /// mmap such files (no FUSE_DIRECT_IO_ALLOW_MMAP).
@@ -158,7 +183,7 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
             rt,
             want_passthrough: passthrough,
             passthrough: Arc::new(PassthroughOn::default()),
-            io: Arc::new(Mutex::new(IoModes::default())),
+            io: Arc::new(IoTable::default()),
             direct_io_min_size,
             turns: Turns::new(session_threads, turns::PATIENCE),
             notifier: Arc::new(OnceLock::new()),
@@ -213,7 +238,7 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
     /// before staging touches anything.
     fn write_conflicts(&self, ino: u64) -> bool {
         let shared = {
-            let io = self.io.lock().unwrap();
+            let io = self.io.lock();
             match io.inodes.get(&ino).and_then(|e| e.backing.as_ref()) {
                 None => return false,
                 Some(b) => b.staged.clone(),
@@ -326,10 +351,11 @@ fn file_type(kind: EntryKind) -> FileType {
 
 /// How the kernel is to serve one open.
 enum Served {
-    /// Through lakemount; `alone`: no other open of the inode is live, so
-    /// no read of it can be in flight.
+    /// Through lakemount; `fill`: this open may put `Opened::fill` in the
+    /// page cache, and must end the fill ([`IoTable::end_fill`]) once it has
+    /// tried.
     Daemon {
-        alone: bool,
+        fill: bool,
     },
     Passthrough(Arc<BackingId>),
     /// The inode's passthrough opens are of another file: this open cannot
@@ -343,16 +369,24 @@ enum Served {
 /// Chooses the I/O mode [`IoModes`] allows for open `o` of `ino` and
 /// records it; `open_backing` registers a backing file with the kernel. A
 /// passthrough open of a staged file is told to `fs` before the reply. A
-/// refused open ([`Served::Busy`]) is released in `fs`.
+/// refused open ([`Served::Busy`]) is released in `fs`. Waits while another
+/// open of `ino` fills its page cache. `may_fill`: the open would put its
+/// object in the page cache; it may when no other open of the inode is
+/// live, so that no read of it holds page locks the store would wait for
+/// (that read may be waiting for the very thread storing).
 fn choose_mode<S: ObjectStore + WriteStore>(
     fs: &Fs<S>,
     ino: u64,
     o: &mut crate::fs::Opened,
-    io: &Mutex<IoModes>,
+    io: &IoTable,
     on: &PassthroughOn,
+    may_fill: bool,
     open_backing: impl FnOnce(&std::fs::File) -> std::io::Result<BackingId>,
 ) -> Served {
-    let mut st = io.lock().unwrap();
+    let mut st = io.lock();
+    while st.inodes.get(&ino).is_some_and(|e| e.filling) {
+        st = io.fill_ended.wait(st).unwrap();
+    }
     let e = st.inodes.entry(ino).or_default();
     let cached = o.backing.take();
     let staged = o.staged.take();
@@ -385,7 +419,8 @@ fn choose_mode<S: ObjectStore + WriteStore>(
         e.daemon += 1;
         IoMode::Daemon
     };
-    let alone = e.daemon == 1 && e.passthrough == 0;
+    let fill = may_fill && e.daemon == 1 && e.passthrough == 0;
+    e.filling = fill;
     st.handles.insert(o.fh, (ino, mode));
     drop(st);
     match shared {
@@ -400,7 +435,7 @@ fn choose_mode<S: ObjectStore + WriteStore>(
             }
             Served::Passthrough(id)
         }
-        None => Served::Daemon { alone },
+        None => Served::Daemon { fill },
     }
 }
 
@@ -425,7 +460,7 @@ fn daemon_flags(o: &crate::fs::Opened, direct_io_min_size: u64) -> FopenFlags {
 /// What serving an open needs besides the file system.
 struct Serving<'a> {
     /// The inodes' I/O modes.
-    io: &'a Mutex<IoModes>,
+    io: &'a IoTable,
     /// Whether passthrough is on.
     on: &'a PassthroughOn,
     /// [`FuseFs::direct_io_min_size`].
@@ -443,15 +478,31 @@ fn open_reply<S: ObjectStore + WriteStore>(
     how: &Serving<'_>,
 ) {
     let fh = FileHandle(o.fh);
-    match choose_mode(fs, ino, &mut o, how.io, how.on, |f| reply.open_backing(f)) {
+    // Not for direct I/O: its reads bypass the page cache.
+    let fill = match (how.notifier, o.fill.take()) {
+        (Some(n), Some(bytes)) if !is_direct_io(how.direct_io_min_size, o.size) => Some((n, bytes)),
+        _ => None,
+    };
+    let open_backing = |f: &std::fs::File| reply.open_backing(f);
+    match choose_mode(
+        fs,
+        ino,
+        &mut o,
+        how.io,
+        how.on,
+        fill.is_some(),
+        open_backing,
+    ) {
         Served::Passthrough(id) => reply.opened_passthrough(fh, FopenFlags::empty(), &id),
-        Served::Daemon { alone } => {
+        Served::Daemon { fill: filling } => {
             let mut flags = daemon_flags(&o, how.direct_io_min_size);
-            if let (true, Some(n), Some(bytes)) = (alone, how.notifier, o.fill.take())
-                && !flags.contains(FopenFlags::FOPEN_DIRECT_IO)
-                && fill_page_cache(n, ino, &bytes)
-            {
-                flags |= FopenFlags::FOPEN_KEEP_CACHE;
+            if filling {
+                if let Some((n, bytes)) = &fill
+                    && fill_page_cache(n, ino, bytes)
+                {
+                    flags |= FopenFlags::FOPEN_KEEP_CACHE;
+                }
+                how.io.end_fill(ino);
             }
             reply.opened(fh, flags)
         }
@@ -462,12 +513,11 @@ fn open_reply<S: ObjectStore + WriteStore>(
 /// Puts all of a small object's `bytes` in the kernel page cache of `ino`
 /// (FUSE_NOTIFY_STORE) before its open is answered, so that the open may keep
 /// the page cache and its reads need no request. Only for an open that no
-/// other open of the inode shares: a read in flight holds locks on the pages
-/// it fills, which the store would wait for, and that read may be waiting
-/// for this very thread (a runtime worker, or the one session thread).
-/// Returns whether the kernel took
-/// them all (on an error the open does not keep the page cache, which drops
-/// any part stored).
+/// other open of the inode shares ([`choose_mode`]). Returns whether the
+/// kernel took them all. On an error the open keeps the page cache only if
+/// it held this same version already (`Opened::keep_cache`); else the open
+/// drops whatever part was stored. fuser reports the kernel's ENOENT (no
+/// such inode in its cache) as success; an inode being opened is in it.
 fn fill_page_cache(notifier: &Notifier, ino: u64, bytes: &bytes::Bytes) -> bool {
     let ok = match notifier.store(INodeNo(ino), 0, bytes) {
         Ok(()) => true,
@@ -748,7 +798,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         // The last writer's close queues an upload task.
         let _rt = self.rt.enter();
         self.fs.release(fh.0, || turn.may_block());
-        let mut io = self.io.lock().unwrap();
+        let mut io = self.io.lock();
         if let Some((ino, mode)) = io.handles.remove(&fh.0)
             && let Some(e) = io.inodes.get_mut(&ino)
         {
@@ -938,7 +988,15 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
                     let (ttl, attr) = (fs.kernel_ttl(), Self::attr(&stat, 0));
                     let fh = FileHandle(o.fh);
                     let open_backing = |f: &std::fs::File| reply.open_backing(f);
-                    match choose_mode(&fs, stat.ino, &mut o, &io, &passthrough, open_backing) {
+                    match choose_mode(
+                        &fs,
+                        stat.ino,
+                        &mut o,
+                        &io,
+                        &passthrough,
+                        false,
+                        open_backing,
+                    ) {
                         Served::Passthrough(id) => reply.created_passthrough(
                             &ttl,
                             &attr,

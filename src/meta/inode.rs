@@ -61,7 +61,8 @@ struct Table {
 /// ([`InodeTable::swap_cached_etag`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CachedPages {
-    /// Nothing: no open of this inode was served yet.
+    /// Nothing: no open of this inode through the page cache was recorded
+    /// yet (a staged file's opens are not recorded).
     Nothing,
     /// Data of the ETag being opened.
     Same,
