@@ -156,31 +156,48 @@ fn drop_pages(path: &std::path::Path) {
 /// open: the read that follows sends no request.
 #[test]
 fn an_open_puts_a_cached_small_file_in_the_page_cache() {
-    let srv = private_server();
-    let b = bucket_on(&srv, "smallfill");
-    let files = small_files(&srv, &b, "f", 20);
     let dir = TempDir::new("smallfill-cache");
-    let addr = format!("127.0.0.1:{}", free_port());
-    let m = MountSpec::new(&b)
-        .server(&srv)
-        .args(&["--metrics-addr", &addr, "--metadata-ttl", "3600"])
-        .args(&["--cache-dir", dir.0.join("c").to_str().unwrap()])
-        .mount();
-    for (k, d) in &files {
-        assert!(std::fs::read(m.p(k)).unwrap() == *d, "epoch 1: {k} differs");
+    let t = cached_and_read("smallfill", 20, &dir);
+    settle(&t.addr);
+    let before = scrape(&t.addr);
+    for (k, d) in &t.files {
+        drop_pages(&t.m.p(k));
+        settle(&t.addr);
+        assert!(
+            std::fs::read(t.m.p(k)).unwrap() == *d,
+            "epoch 2: {k} differs"
+        );
+        settle(&t.addr);
     }
-    settle(&addr);
-    let before = scrape(&addr);
-    for (k, d) in &files {
-        drop_pages(&m.p(k));
-        settle(&addr);
-        assert!(std::fs::read(m.p(k)).unwrap() == *d, "epoch 2: {k} differs");
-        settle(&addr);
-    }
-    let after = scrape(&addr);
+    let after = scrape(&t.addr);
     assert_eq!(fuse_reads(&after), fuse_reads(&before), "{after}");
     // Two opens per file: drop_pages' own, then the read's.
     assert_eq!(fills(&after) - fills(&before), 40.0, "{after}");
+}
+
+/// [`metered`] with `n` objects, a data cache in `dir` and a metadata TTL
+/// longer than the test (opens answered on the session threads), each
+/// object read once.
+fn cached_and_read(tag: &str, n: usize, dir: &TempDir) -> Metered {
+    let cache = dir.0.join("c");
+    let t = metered(
+        tag,
+        "f",
+        n,
+        &[
+            "--metadata-ttl",
+            "3600",
+            "--cache-dir",
+            cache.to_str().unwrap(),
+        ],
+    );
+    for (k, d) in &t.files {
+        assert!(
+            std::fs::read(t.m.p(k)).unwrap() == *d,
+            "epoch 1: {k} differs"
+        );
+    }
+    t
 }
 
 fn fills(body: &str) -> f64 {
@@ -210,35 +227,24 @@ fn settle(addr: &str) {
 /// wait for): its reads come to lakemount, and their bytes are right.
 #[test]
 fn an_open_beside_another_of_the_file_does_not_fill_its_page_cache() {
-    let srv = private_server();
-    let b = bucket_on(&srv, "smallfill2");
-    let files = small_files(&srv, &b, "f", 5);
     let dir = TempDir::new("smallfill2-cache");
-    let addr = format!("127.0.0.1:{}", free_port());
-    let m = MountSpec::new(&b)
-        .server(&srv)
-        .args(&["--metrics-addr", &addr, "--metadata-ttl", "3600"])
-        .args(&["--cache-dir", dir.0.join("c").to_str().unwrap()])
-        .mount();
-    for (k, d) in &files {
-        assert!(std::fs::read(m.p(k)).unwrap() == *d, "epoch 1: {k} differs");
-    }
-    let (k, d) = &files[2];
-    let held = std::fs::File::open(m.p(k)).unwrap();
-    let before = scrape(&addr);
-    drop_pages(&m.p(k));
-    assert!(std::fs::read(m.p(k)).unwrap() == *d, "{k} differs");
-    let after = scrape(&addr);
+    let t = cached_and_read("smallfill2", 5, &dir);
+    let (k, d) = &t.files[2];
+    let held = std::fs::File::open(t.m.p(k)).unwrap();
+    let before = scrape(&t.addr);
+    drop_pages(&t.m.p(k));
+    assert!(std::fs::read(t.m.p(k)).unwrap() == *d, "{k} differs");
+    let after = scrape(&t.addr);
     assert_eq!(fills(&after), fills(&before), "{after}");
     assert!(fuse_reads(&after) > fuse_reads(&before), "{after}");
     // Alone again: the next open fills.
     drop(held);
-    settle(&addr);
-    drop_pages(&m.p(k));
-    settle(&addr);
-    let reads = fuse_reads(&scrape(&addr));
-    assert!(std::fs::read(m.p(k)).unwrap() == *d, "{k} differs");
-    let last = scrape(&addr);
+    settle(&t.addr);
+    drop_pages(&t.m.p(k));
+    settle(&t.addr);
+    let reads = fuse_reads(&scrape(&t.addr));
+    assert!(std::fs::read(t.m.p(k)).unwrap() == *d, "{k} differs");
+    let last = scrape(&t.addr);
     assert_eq!(fills(&last), fills(&after) + 2.0, "{last}");
     assert_eq!(fuse_reads(&last), reads, "{last}");
 }
@@ -247,27 +253,28 @@ fn an_open_beside_another_of_the_file_does_not_fill_its_page_cache() {
 /// the store would get the old bytes back); small files read right.
 #[test]
 fn a_writable_mount_does_not_fill_the_page_cache() {
-    let srv = private_server();
-    let b = bucket_on(&srv, "smallfillrw");
-    let files = small_files(&srv, &b, "f", 10);
     let dir = TempDir::new("smallfillrw");
-    let addr = format!("127.0.0.1:{}", free_port());
-    let m = MountSpec::new(&b)
-        .server(&srv)
-        .args(&["--metrics-addr", &addr, "--read-write"])
-        .args(&["--staging-dir", dir.0.join("s").to_str().unwrap()])
-        .args(&["--cache-dir", dir.0.join("c").to_str().unwrap()])
-        .mount();
+    let (staging, cache) = (dir.0.join("s"), dir.0.join("c"));
+    let t = metered(
+        "smallfillrw",
+        "f",
+        10,
+        &[
+            "--read-write",
+            "--staging-dir",
+            staging.to_str().unwrap(),
+            "--cache-dir",
+            cache.to_str().unwrap(),
+        ],
+    );
     for epoch in 0..2 {
-        for (k, d) in &files {
-            drop_pages(&m.p(k));
-            assert!(
-                std::fs::read(m.p(k)).unwrap() == *d,
-                "epoch {epoch}: {k} differs"
-            );
+        for (k, d) in &t.files {
+            drop_pages(&t.m.p(k));
+            let got = std::fs::read(t.m.p(k)).unwrap();
+            assert!(got == *d, "epoch {epoch}: {k} differs");
         }
     }
-    let body = scrape(&addr);
+    let body = scrape(&t.addr);
     assert_eq!(fills(&body), 0.0, "{body}");
     assert!(fuse_reads(&body) >= 20.0, "{body}");
 }
