@@ -133,12 +133,35 @@ impl IoTable {
         self.modes.lock().unwrap()
     }
 
+    /// The table, locked once no open of `ino` is filling its page cache.
+    fn lock_unfilled(&self, ino: u64) -> MutexGuard<'_, IoModes> {
+        let mut st = self.lock();
+        while st.inodes.get(&ino).is_some_and(|e| e.filling) {
+            st = self.fill_ended.wait(st).unwrap();
+        }
+        st
+    }
+
     /// Ends the page-cache fill of `ino` that [`choose_mode`] began.
     fn end_fill(&self, ino: u64) {
         if let Some(e) = self.lock().inodes.get_mut(&ino) {
             e.filling = false;
         }
         self.fill_ended.notify_all();
+    }
+}
+
+/// An open's page-cache fill of inode `ino` under way: ends it when
+/// dropped, on every path (a panic too), so no open of the inode waits for
+/// good.
+struct Filling<'a> {
+    io: &'a IoTable,
+    ino: u64,
+}
+
+impl Drop for Filling<'_> {
+    fn drop(&mut self) {
+        self.io.end_fill(self.ino);
     }
 }
 
@@ -350,12 +373,11 @@ fn file_type(kind: EntryKind) -> FileType {
 }
 
 /// How the kernel is to serve one open.
-enum Served {
-    /// Through lakemount; `fill`: this open may put `Opened::fill` in the
-    /// page cache, and must end the fill ([`IoTable::end_fill`]) once it has
-    /// tried.
+enum Served<'a> {
+    /// Through lakemount; with `fill`, this open may put `Opened::fill` in
+    /// the page cache, and other opens of the inode wait until it is dropped.
     Daemon {
-        fill: bool,
+        fill: Option<Filling<'a>>,
     },
     Passthrough(Arc<BackingId>),
     /// The inode's passthrough opens are of another file: this open cannot
@@ -374,19 +396,16 @@ enum Served {
 /// object in the page cache; it may when no other open of the inode is
 /// live, so that no read of it holds page locks the store would wait for
 /// (that read may be waiting for the very thread storing).
-fn choose_mode<S: ObjectStore + WriteStore>(
+fn choose_mode<'a, S: ObjectStore + WriteStore>(
     fs: &Fs<S>,
     ino: u64,
     o: &mut crate::fs::Opened,
-    io: &IoTable,
+    io: &'a IoTable,
     on: &PassthroughOn,
     may_fill: bool,
     open_backing: impl FnOnce(&std::fs::File) -> std::io::Result<BackingId>,
-) -> Served {
-    let mut st = io.lock();
-    while st.inodes.get(&ino).is_some_and(|e| e.filling) {
-        st = io.fill_ended.wait(st).unwrap();
-    }
+) -> Served<'a> {
+    let mut st = io.lock_unfilled(ino);
     let e = st.inodes.entry(ino).or_default();
     let cached = o.backing.take();
     let staged = o.staged.take();
@@ -420,9 +439,12 @@ fn choose_mode<S: ObjectStore + WriteStore>(
         IoMode::Daemon
     };
     let fill = may_fill && e.daemon == 1 && e.passthrough == 0;
-    e.filling = fill;
+    if fill {
+        e.filling = true;
+    }
     st.handles.insert(o.fh, (ino, mode));
     drop(st);
+    let fill = fill.then_some(Filling { io, ino });
     match shared {
         Some(id) => {
             if o.local {
@@ -496,13 +518,11 @@ fn open_reply<S: ObjectStore + WriteStore>(
         Served::Passthrough(id) => reply.opened_passthrough(fh, FopenFlags::empty(), &id),
         Served::Daemon { fill: filling } => {
             let mut flags = daemon_flags(&o, how.direct_io_min_size);
-            if filling {
-                if let Some((n, bytes)) = &fill
-                    && fill_page_cache(n, ino, bytes)
-                {
+            if let (Some(filling), Some((n, bytes))) = (filling, &fill) {
+                if fill_page_cache(n, ino, bytes) {
                     flags |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
-                how.io.end_fill(ino);
+                drop(filling);
             }
             reply.opened(fh, flags)
         }
@@ -1188,5 +1208,39 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
         let _turn = self.turn("access");
         reply.ok();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    /// An open of an inode whose page cache another open is filling waits
+    /// until that fill ends, however it ends (a panic too); opens of other
+    /// inodes do not wait.
+    #[test]
+    fn an_open_waits_for_another_opens_fill_of_its_inode() {
+        let io = IoTable::default();
+        io.lock().inodes.entry(7).or_default().filling = true;
+        let through = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                drop(io.lock_unfilled(7));
+                through.store(true, Ordering::SeqCst);
+            });
+            drop(io.lock_unfilled(8));
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(!through.load(Ordering::SeqCst), "went on during the fill");
+            let filler = s.spawn(|| {
+                let _fill = Filling { io: &io, ino: 7 };
+                panic!("the store panicked");
+            });
+            assert!(filler.join().is_err());
+            waiter.join().unwrap();
+        });
+        assert!(through.load(Ordering::SeqCst));
+        assert!(!io.lock().inodes[&7].filling);
     }
 }
