@@ -49,14 +49,18 @@ import harness as h  # noqa: E402
 SYSTEMS = ["raw-get", "local-disk", "lakemount", "lakemount-nocache", "mount-s3", "rclone-full", "s3fs"]
 # Selectable with --systems. lakemount-off / -nocache-off: small-object read-ahead
 # off (read.small_max_size = 0); lakemount-half / -half-off: the data cache (disk
-# tier, no memory tier) holds half of the data set, with read-ahead on / off.
-OPTIONAL = ["rclone-off", "lakemount-off", "lakemount-nocache-off", "lakemount-half", "lakemount-half-off"]
+# tier, no memory tier) holds half of the data set, with read-ahead on / off;
+# lakemount-noopen / -nocache-noopen: no FUSE opens (read.no_open = true).
+OPTIONAL = ["rclone-off", "lakemount-off", "lakemount-nocache-off", "lakemount-half", "lakemount-half-off",
+            "lakemount-noopen", "lakemount-nocache-noopen"]
 # The config file of each lakemount system ({half}: half of the data set, bytes).
 LAKEMOUNT_TOML = {
     "lakemount-off": "[read]\nsmall_max_size = 0\n",
     "lakemount-nocache-off": "[read]\nsmall_max_size = 0\n",
     "lakemount-half": "[cache]\nmax_size = {half}\nmin_free = 0\nmemory_size = 0\n",
     "lakemount-half-off": "[read]\nsmall_max_size = 0\n[cache]\nmax_size = {half}\nmin_free = 0\nmemory_size = 0\n",
+    "lakemount-noopen": "[read]\nno_open = true\n",
+    "lakemount-nocache-noopen": "[read]\nno_open = true\n",
 }
 VARIANTS = ["files", "tar"]
 BUCKET = "lakebench-full"
@@ -66,7 +70,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 EPOCHS = 2
 DAEMON_NAMES = {"lakemount": "lakemount", "lakemount-nocache": "lakemount", "lakemount-off": "lakemount",
                 "lakemount-nocache-off": "lakemount", "lakemount-half": "lakemount",
-                "lakemount-half-off": "lakemount", "mount-s3": "mount-s3",
+                "lakemount-half-off": "lakemount", "lakemount-noopen": "lakemount",
+                "lakemount-nocache-noopen": "lakemount", "mount-s3": "mount-s3",
                 "rclone-full": "rclone", "rclone-off": "rclone", "s3fs": "s3fs"}
 
 

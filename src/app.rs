@@ -510,12 +510,20 @@ impl Mounted {
             cached: config.cache.dir.is_some() && config.cache.passthrough,
             staged: !config.mount.read_only && config.write.passthrough,
         };
+        // Without opens the kernel is never told of passthrough or direct I/O.
+        let no_open = config.read.no_open;
+        let (passthrough, direct_io_min_size) = if no_open {
+            (crate::fs::Passthrough::default(), 0)
+        } else {
+            (passthrough, config.read.direct_io_min_size)
+        };
         let adapter = FuseFs::new(
             fs,
             rt.handle().clone(),
             passthrough,
-            config.read.direct_io_min_size,
+            direct_io_min_size,
             config.mount.fuse_threads,
+            no_open,
         );
         let notifier = adapter.notifier_slot();
         KERNEL_MOUNT_STARTED.store(true, std::sync::atomic::Ordering::SeqCst);

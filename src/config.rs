@@ -216,6 +216,14 @@ impl Config {
                 ),
             );
         }
+        if r.no_open && !self.mount.read_only {
+            return bad(
+                "read.no_open",
+                "true on a writable mount; accepted: true only with a read-only mount \
+                 (writes need their opens)"
+                    .to_string(),
+            );
+        }
         let c = &self.cache;
         if !(4096..=(64 << 20)).contains(&c.block_size) || !c.block_size.is_power_of_two() {
             return bad(
@@ -555,6 +563,12 @@ mod tests {
         c.write.part_size = 1 << 20;
         let msg = c.validate().unwrap_err().to_string();
         assert!(msg.contains("write.part_size"), "{msg}");
+        // Writes need their opens: no-open mode on read-only mounts only.
+        let mut c = Config::from_toml("[read]\nno_open = true\n", "x.toml").unwrap();
+        c.validate().unwrap();
+        c.mount.read_only = false;
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(msg.contains("read.no_open"), "{msg}");
         let mut c = Config::default();
         c.write.staging_dir = Some("relative/dir".into());
         let msg = c.validate().unwrap_err().to_string();

@@ -496,6 +496,38 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         Some(Ok(self.open_file(ino, &attr, backing, true)))
     }
 
+    /// Opens a handle of `ino` for a mount without opens (`read.no_open`):
+    /// read-only, no passthrough, no page-cache fill (the read's reply fills
+    /// it). An inode whose object was overwritten since keeps reading its
+    /// own version, pinned to its ETag, instead of failing ESTALE: with no
+    /// open the kernel would not look its name up again. `None` when the
+    /// attributes are older than the metadata TTL ([`Fs::open_version`]
+    /// confirms them). Errors: ENOENT, EISDIR.
+    pub fn open_version_now(&self, ino: u64) -> Option<Result<Opened, FsError>> {
+        let attr = match self.meta.inodes.get(ino) {
+            None => return Some(Err(FsError::NotFound)),
+            Some(a) if a.kind == EntryKind::Dir => return Some(Err(FsError::IsDir)),
+            Some(a)
+                if a.validated.elapsed() < self.meta.config().ttl()
+                    || self.meta.inodes.superseded(ino) =>
+            {
+                a
+            }
+            Some(_) => return None,
+        };
+        Some(Ok(self.open_file(ino, &attr, None, false)))
+    }
+
+    /// [`Fs::open_version_now`] after confirming stale attributes by a
+    /// listing. Errors: ENOENT (gone from its listing), EISDIR, EIO.
+    pub async fn open_version(&self, ino: u64) -> Result<Opened, FsError> {
+        let attr = self.fresh_attr(ino).await?;
+        if attr.kind == EntryKind::Dir {
+            return Err(FsError::IsDir);
+        }
+        Ok(self.open_file(ino, &attr, None, false))
+    }
+
     /// Errors of an open of `ino` with fresh attributes `attr`: EISDIR, or
     /// ESTALE when the object was overwritten (the kernel then looks the
     /// name up again, which gives the new version's inode).

@@ -26,7 +26,9 @@ use crate::meta::EntryKind;
 use crate::store::{ObjectStore, WriteStore};
 use crate::telemetry::metrics as m;
 
+mod handles;
 mod turns;
+use handles::InodeHandles;
 use turns::{Turn, Turns};
 
 /// Largest read-ahead the kernel is asked for, bytes. The kernel caps it at its
@@ -184,6 +186,9 @@ pub struct FuseFs<S> {
     /// The session's notifier, set once the session exists
     /// ([`FuseFs::notifier_slot`]).
     notifier: Arc<OnceLock<Notifier>>,
+    /// `read.no_open`: opens are answered ENOSYS, and reads (file handle 0)
+    /// use a handle per inode kept here.
+    no_open: Option<Arc<InodeHandles>>,
 }
 
 impl<S: ObjectStore + WriteStore> FuseFs<S> {
@@ -193,13 +198,16 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
     /// Files of at least `direct_io_min_size` bytes (0: none) bypass the page
     /// cache when the kernel allows it ([`crate::read::ReadConfig::direct_io_min_size`]).
     /// `session_threads`: how many threads the session reads requests with
-    /// (`mount.fuse_threads`).
+    /// (`mount.fuse_threads`). `no_open` (`read.no_open`, read-only mounts):
+    /// the kernel is told to send no opens ([`handles`]); no passthrough and
+    /// no direct I/O then.
     pub fn new(
         fs: Arc<Fs<S>>,
         rt: tokio::runtime::Handle,
         passthrough: Passthrough,
         direct_io_min_size: u64,
         session_threads: usize,
+        no_open: bool,
     ) -> Self {
         Self {
             fs,
@@ -210,6 +218,8 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
             direct_io_min_size,
             turns: Turns::new(session_threads, turns::PATIENCE),
             notifier: Arc::new(OnceLock::new()),
+            no_open: no_open
+                .then(|| Arc::new(InodeHandles::new(handles::MAX_HANDLES, handles::IDLE))),
         }
     }
 
@@ -271,6 +281,130 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
             (Some(mine), Some(now)) => !Arc::ptr_eq(&mine, &now),
             _ => true,
         }
+    }
+}
+
+impl<S: ObjectStore + WriteStore> FuseFs<S> {
+    /// Answers a started read: on this session thread when its bytes are
+    /// ready, else from a runtime task once they are. `done` sees the
+    /// outcome before the reply goes out.
+    fn answer_read(
+        &self,
+        pending: crate::read::PendingRead,
+        turn: &Turn<'_>,
+        reply: ReplyData,
+        done: impl FnOnce(&Fs<S>, &Result<bytes::Bytes, FsError>) + Send + 'static,
+    ) {
+        if let Some(r) = pending.ready().map(crate::fs::read_result) {
+            // The kernel copies the reply into the reader's pages on this
+            // thread: a large one lets another thread read meanwhile.
+            if r.as_ref().is_ok_and(|b| b.len() >= LARGE_REPLY) {
+                turn.may_block();
+            }
+            done(&self.fs, &r);
+            return read_reply(reply, r);
+        }
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            let r = crate::fs::read_result(pending.finish().await);
+            done(&fs, &r);
+            read_reply(reply, r)
+        });
+    }
+
+    /// A read of a mount without opens (`read.no_open`, file handle 0):
+    /// with the handle kept for `ino`, or one opened now
+    /// ([`Fs::open_version_now`]; on the runtime when the attributes must
+    /// be confirmed first). Needs a runtime context.
+    fn read_inode(
+        &self,
+        handles: &Arc<InodeHandles>,
+        ino: u64,
+        offset: u64,
+        size: u32,
+        turn: &Turn<'_>,
+        reply: ReplyData,
+    ) {
+        // A read that reached the end of the file may release the handle
+        // between its lookup and this read's start: open another.
+        loop {
+            let h = match handles.get(ino) {
+                Some(h) => h,
+                None => match self.fs.open_version_now(ino) {
+                    Some(Ok(o)) => keep_handle(&self.fs, handles, ino, &o),
+                    Some(Err(e)) => return reply.error(errno("read", &e)),
+                    None => return self.read_after_open(handles, ino, offset, size, reply),
+                },
+            };
+            match self.fs.begin_read(h.fh, offset, size) {
+                Ok(pending) => {
+                    let handles = handles.clone();
+                    let done = move |fs: &Fs<S>, r: &Result<bytes::Bytes, FsError>| {
+                        release_at_end(fs, &handles, ino, h, offset, r)
+                    };
+                    return self.answer_read(pending, turn, reply, done);
+                }
+                Err(FsError::BadHandle) => continue,
+                Err(e) => return reply.error(errno("read", &e)),
+            }
+        }
+    }
+
+    /// [`Self::read_inode`] of an inode whose attributes a listing must
+    /// confirm before its handle opens: all of it on the runtime.
+    fn read_after_open(
+        &self,
+        handles: &Arc<InodeHandles>,
+        ino: u64,
+        offset: u64,
+        size: u32,
+        reply: ReplyData,
+    ) {
+        let (fs, handles) = (self.fs.clone(), handles.clone());
+        self.rt.spawn(async move {
+            let o = match fs.open_version(ino).await {
+                Ok(o) => o,
+                Err(e) => return reply.error(errno("read", &e)),
+            };
+            let h = keep_handle(&fs, &handles, ino, &o);
+            let r = fs.read(h.fh, offset, size).await;
+            release_at_end(&fs, &handles, ino, h, offset, &r);
+            read_reply(reply, r)
+        });
+    }
+}
+
+/// Keeps the handle `o` opened for `ino`, releasing those it pushes out.
+fn keep_handle<S: ObjectStore + WriteStore>(
+    fs: &Fs<S>,
+    handles: &InodeHandles,
+    ino: u64,
+    o: &crate::fs::Opened,
+) -> handles::Handle {
+    let (h, out) = handles.insert(ino, o.fh, o.size);
+    for fh in out {
+        fs.release(fh, || ());
+    }
+    h
+}
+
+/// After a read of `ino` at `offset` with its kept handle `h`: a read that
+/// reached the end of the file (its bytes are in the page cache now) or
+/// failed (the next read opens anew, with fresh attributes) releases it.
+fn release_at_end<S: ObjectStore + WriteStore>(
+    fs: &Fs<S>,
+    handles: &InodeHandles,
+    ino: u64,
+    h: handles::Handle,
+    offset: u64,
+    r: &Result<bytes::Bytes, FsError>,
+) {
+    let end = match r {
+        Ok(b) => offset + b.len() as u64 >= h.size,
+        Err(_) => true,
+    };
+    if end && let Some(fh) = handles.remove(ino, Some(h.fh)) {
+        fs.release(fh, || ());
     }
 }
 
@@ -699,6 +833,9 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         // must park only at the end of its request.
         requested("forget");
         self.fs.forget(ino.0, nlookup);
+        if let Some(fh) = self.no_open.as_ref().and_then(|h| h.remove(ino.0, None)) {
+            self.fs.release(fh, || ());
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -721,6 +858,12 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         let truncate = flags.0 & libc::O_TRUNC != 0;
+        if self.no_open.is_some() && !write {
+            // The kernel sends no open or release again, and keeps the page
+            // cache of every file across opens: an inode is one object
+            // version, so kept pages are never of another one.
+            return reply.error(Errno::ENOSYS);
+        }
         if write && self.write_conflicts(ino.0) {
             return reply.error(errno("open", &FsError::Busy));
         }
@@ -770,7 +913,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -779,6 +922,10 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         reply: ReplyData,
     ) {
         let turn = self.turn("read");
+        let _rt = self.rt.enter();
+        if let (Some(handles), 0) = (&self.no_open, fh.0) {
+            return self.read_inode(handles, ino.0, offset, size, &turn, reply);
+        }
         // Planned here, on the session thread: when the bytes are already
         // read ahead (the usual case of a sequential reader) the reply goes
         // out at once, without waking a runtime thread; otherwise a task
@@ -786,22 +933,10 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         if let Some(r) = self.fs.read_local(fh.0, offset, size, || turn.may_block()) {
             return read_reply(reply, r);
         }
-        let _rt = self.rt.enter();
-        let pending = match self.fs.begin_read(fh.0, offset, size) {
-            Ok(p) => p,
-            Err(e) => return reply.error(errno("read", &e)),
-        };
-        if let Some(r) = pending.ready().map(crate::fs::read_result) {
-            // The kernel copies the reply into the reader's pages on this
-            // thread: a large one lets another thread read meanwhile.
-            if r.as_ref().is_ok_and(|b| b.len() >= LARGE_REPLY) {
-                turn.may_block();
-            }
-            return read_reply(reply, r);
+        match self.fs.begin_read(fh.0, offset, size) {
+            Ok(pending) => self.answer_read(pending, &turn, reply, |_, _| ()),
+            Err(e) => reply.error(errno("read", &e)),
         }
-        self.rt.spawn(
-            async move { read_reply(reply, crate::fs::read_result(pending.finish().await)) },
-        );
     }
 
     fn release(

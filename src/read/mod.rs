@@ -84,6 +84,16 @@ pub struct ReadConfig {
     /// instead of dropping unread objects.
     #[serde(deserialize_with = "crate::config::byte_size::option::deserialize")]
     pub small_budget: Option<u64>,
+    /// No FUSE open or release requests (read-only mounts): the first open
+    /// is answered ENOSYS, after which the kernel opens files without asking
+    /// lakemount and keeps their page cache (FUSE no-open support, Linux
+    /// 4.19+). A loader's small file then costs its read alone instead of
+    /// open, read (or page-cache fill) and release. What is given up, for
+    /// every file of the mount: FUSE passthrough of cached files and direct
+    /// I/O for large ones (`direct_io_min_size`), since both are chosen at
+    /// open. Off by default; for mounts of small-file data sets
+    /// (docs/READAHEAD.md, "Mounts without opens").
+    pub no_open: bool,
 }
 
 impl Default for ReadConfig {
@@ -99,6 +109,7 @@ impl Default for ReadConfig {
             small_max_size: 1 << 20,
             small_max_in_flight: 512,
             small_budget: None,
+            no_open: false,
         }
     }
 }
