@@ -1,5 +1,5 @@
-//! GetObject sent straight to the SDK's HTTP connector, signed with
-//! `aws-sigv4`: the one request lakemount sends by the ten thousand.
+//! GetObject sent straight to the SDK's HTTP connector, signed with SigV4
+//! ([`super::sigv4`]): the one request lakemount sends by the ten thousand.
 //!
 //! The SDK's orchestrator (interceptors, a config bag per request, endpoint
 //! rules evaluated per request, retry classifiers) cost more CPU per small GET
@@ -7,7 +7,8 @@
 //! path keeps what the SDK provides below and beside it: its HTTP connector
 //! (hyper, rustls, the CA bundle, connect and first-byte timeouts), its
 //! credentials chain, its endpoint rules (evaluated once per mount, at start)
-//! and its SigV4 signer. What it does itself:
+//! and `aws-sigv4`'s signing key and signature functions (the canonical
+//! request of a GET is written by [`super::sigv4`]). What it does itself:
 //!
 //! * **Retries**: up to `s3.max_attempts` attempts within
 //!   `s3.request_deadline_secs`, with full-jitter backoff doubling from
@@ -48,16 +49,12 @@ use std::sync::RwLock;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
+use aws_credential_types::Credentials;
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
 use aws_sdk_s3::config::endpoint::{DefaultResolver, Params, ResolveEndpoint};
-use aws_sigv4::http_request::{
-    PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
-    UriPathNormalizationMode,
-};
 use aws_smithy_http_client::Connector;
 use aws_smithy_runtime_api::client::connection::CaptureSmithyConnection;
 use aws_smithy_runtime_api::client::http::HttpConnector;
-use aws_smithy_runtime_api::client::identity::Identity;
 use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
 use aws_smithy_types::Document;
 use aws_smithy_types::body::SdkBody;
@@ -68,6 +65,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use super::StoreError;
 use super::hedge::{Hedge, Urgency};
 use super::pool::BufferPool;
+use super::sigv4::{EMPTY_SHA256, GetSigner};
 use crate::telemetry::metrics as m;
 
 /// Bytes of an object key sent as they are; every other byte is
@@ -133,10 +131,14 @@ pub(super) struct DirectGet {
     /// The bucket's URL without a trailing `/`: a key's URL is this, `/`,
     /// and the key encoded with [`KEY`].
     base: String,
+    /// The `Host` GETs are sent and signed with: `base`'s authority
+    /// without a default port.
+    host: String,
+    /// Length of `base`'s scheme and authority: a URL's path follows.
+    origin_len: usize,
     /// Server clock minus ours, milliseconds, from the last `Date` header.
     skew_ms: AtomicI64,
-    signing_region: String,
-    signing_name: String,
+    signer: GetSigner,
     credentials: Option<CredentialsCache>,
     max_attempts: u32,
     attempt_timeout: Duration,
@@ -195,13 +197,20 @@ impl DirectGet {
             signing_name = text("signingName").unwrap_or(signing_name);
         }
         let base = endpoint.url().trim_end_matches('/').to_string();
-        base.parse::<http::Uri>().ok()?.authority()?;
+        let uri = base.parse::<http::Uri>().ok()?;
+        let authority = uri.authority()?.as_str();
+        let origin_len = base.find(authority)? + authority.len();
+        let host = match (uri.scheme_str(), uri.port_u16()) {
+            (Some("http"), Some(80)) | (Some("https"), Some(443)) => uri.host()?.to_string(),
+            _ => authority.to_string(),
+        };
         Some(Self {
             connector: s.connector,
             base,
+            host,
+            origin_len,
             skew_ms: AtomicI64::new(0),
-            signing_region,
-            signing_name,
+            signer: GetSigner::new(&signing_region, &signing_name),
             credentials: s
                 .credentials
                 .map(|p| CredentialsCache::new(p, s.attempt_timeout)),
@@ -439,24 +448,34 @@ impl DirectGet {
     /// Sends a GET of `range` of `url` and checks its answer's headers; the
     /// body is left to read. A failed answer's connection is poisoned.
     async fn send(&self, url: &str, range: &Range<u64>, etag: &str) -> Result<Answer, Failure> {
-        // No Host header: the signer and hyper both take it from the URL
-        // (without a default port).
+        // No Host header: hyper takes it from the URL (without a default
+        // port), as `self.host` is.
+        let range_value = format!("bytes={}-{}", range.start, range.end - 1);
         let mut req = http::Request::get(url)
             .header(http::header::USER_AGENT, USER_AGENT)
-            .header(
-                http::header::RANGE,
-                format!("bytes={}-{}", range.start, range.end - 1),
-            );
-        if !etag.is_empty() {
-            req = req.header(http::header::IF_MATCH, etag);
+            .header(http::header::RANGE, &range_value);
+        let if_match = (!etag.is_empty()).then_some(etag);
+        if let Some(e) = if_match {
+            req = req.header(http::header::IF_MATCH, e);
         }
-        let mut req = req
+        if let Some(creds) = &self.credentials {
+            let creds = creds.get().await?;
+            let path = &url[self.origin_len..];
+            let now = self.server_now();
+            let signed = self
+                .signer
+                .sign(&creds, now, &self.host, path, &range_value, if_match);
+            req = req
+                .header("x-amz-date", signed.amz_date)
+                .header("x-amz-content-sha256", EMPTY_SHA256)
+                .header(http::header::AUTHORIZATION, signed.authorization);
+            if let Some(token) = creds.session_token() {
+                req = req.header("x-amz-security-token", token);
+            }
+        }
+        let req = req
             .body(SdkBody::empty())
             .map_err(|e| Failure::fatal(StoreError::Other(format!("GET {url}: {e}")), "error"))?;
-        if let Some(creds) = &self.credentials {
-            let identity = creds.get().await?;
-            self.sign(&mut req, &identity)?;
-        }
         let mut req: HttpRequest = req
             .try_into()
             .map_err(|e| Failure::fatal(StoreError::Other(format!("GET {url}: {e}")), "error"))?;
@@ -575,40 +594,6 @@ impl DirectGet {
         } else {
             now - Duration::from_millis(ms.unsigned_abs())
         }
-    }
-
-    /// Adds the SigV4 headers (`Authorization`, `X-Amz-Date`,
-    /// `X-Amz-Content-SHA256`, the session token) to `req`, as the SDK signs
-    /// S3 requests: single percent-encoding, no path normalisation.
-    fn sign(&self, req: &mut http::Request<SdkBody>, identity: &Identity) -> Result<(), Failure> {
-        let fail = |e: &dyn std::fmt::Display| {
-            Failure::fatal(StoreError::Other(format!("signing a GET: {e}")), "error")
-        };
-        let mut settings = SigningSettings::default();
-        settings.percent_encoding_mode = PercentEncodingMode::Single;
-        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-        settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
-        let params = aws_sigv4::sign::v4::SigningParams::builder()
-            .identity(identity)
-            .region(&self.signing_region)
-            .name(&self.signing_name)
-            .time(self.server_now())
-            .settings(settings)
-            .build()
-            .map_err(|e| fail(&e))?
-            .into();
-        let uri = req.uri().to_string();
-        let headers = req
-            .headers()
-            .iter()
-            .filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?)));
-        let signable = SignableRequest::new("GET", uri, headers, SignableBody::Bytes(&[]))
-            .map_err(|e| fail(&e))?;
-        let (instructions, _) = aws_sigv4::http_request::sign(signable, &params)
-            .map_err(|e| fail(&e))?
-            .into_parts();
-        instructions.apply_to_request_http1x(req);
-        Ok(())
     }
 }
 
@@ -838,9 +823,9 @@ async fn error_response(status: u16, body: ByteStream, stall: Duration) -> Failu
 /// The credentials of a provider, reused until shortly before they expire.
 struct CredentialsCache {
     provider: SharedCredentialsProvider,
-    /// The identity and when to stop using it (wall-clock time: an
+    /// The credentials and when to stop using them (wall-clock time: an
     /// `Instant` stops while the host is suspended).
-    current: RwLock<Option<(Identity, SystemTime)>>,
+    current: RwLock<Option<(Credentials, SystemTime)>>,
     /// Longest wait for the provider.
     timeout: Duration,
     /// Held while the provider is asked, so concurrent GETs ask once.
@@ -857,7 +842,7 @@ impl CredentialsCache {
         }
     }
 
-    fn fresh(&self) -> Option<Identity> {
+    fn fresh(&self) -> Option<Credentials> {
         let cur = self.current.read().unwrap_or_else(|e| e.into_inner());
         cur.as_ref()
             .filter(|(_, until)| SystemTime::now() < *until)
@@ -872,7 +857,7 @@ impl CredentialsCache {
     /// Errors as the SDK's: none loaded is [`StoreError::NoCredentials`], a
     /// timeout [`StoreError::Transient`] (retried), anything else
     /// [`StoreError::AccessDenied`].
-    async fn get(&self) -> Result<Identity, Failure> {
+    async fn get(&self) -> Result<Credentials, Failure> {
         if let Some(id) = self.fresh() {
             return Ok(id);
         }
@@ -903,9 +888,8 @@ impl CredentialsCache {
             Some(t) => t.checked_sub(CREDENTIALS_MARGIN).unwrap_or(t),
             None => SystemTime::now() + CREDENTIALS_REUSE,
         };
-        let identity = Identity::from(creds);
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some((identity.clone(), until));
-        Ok(identity)
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some((creds.clone(), until));
+        Ok(creds)
     }
 }
 

@@ -13,6 +13,7 @@ pub mod mem;
 pub mod pool;
 pub mod s3;
 pub mod segments;
+mod sigv4;
 mod upload;
 
 use std::future::Future;
