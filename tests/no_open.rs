@@ -4,11 +4,39 @@
 
 mod common;
 
+use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
 use common::*;
 
 const NO_OPEN: &str = "[read]\nno_open = true\n";
+
+/// A server, a bucket of it, and a mount of that bucket without opens with
+/// metrics at `addr`. Declared so: dropped in this order, the mount before
+/// the server.
+struct NoOpen {
+    m: Mount,
+    addr: String,
+    b: String,
+    srv: lakemount_testserver::TestServer,
+}
+
+/// A private server whose bucket (tagged `tag`) holds `objects`, mounted
+/// without opens with `more` config text.
+fn mounted(tag: &str, objects: &[(String, Vec<u8>)], more: &str) -> NoOpen {
+    let srv = private_server();
+    let b = bucket_on(&srv, tag);
+    for (k, d) in objects {
+        srv.put(&b, k, d.clone());
+    }
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .server(&srv)
+        .config(&format!("{NO_OPEN}{more}"))
+        .args(&["--metrics-addr", &addr])
+        .mount();
+    NoOpen { m, addr, b, srv }
+}
 
 fn op(body: &str, op: &str) -> f64 {
     metric(
@@ -23,45 +51,36 @@ fn op(body: &str, op: &str) -> f64 {
 /// every per-inode handle released once its file was read to its end.
 #[test]
 fn files_are_read_with_no_open_or_release_requests() {
-    let srv = private_server();
-    let b = bucket_on(&srv, "noopen");
     let mut files: Vec<(String, Vec<u8>)> = (0..30)
         .map(|i| {
-            let d = data(3_000 + 97 * i, 900 + i as u64);
-            let k = format!("d/f{i:02}.jpg");
-            srv.put(&b, &k, d.clone());
-            (k, d)
+            (
+                format!("d/f{i:02}.jpg"),
+                data(3_000 + 97 * i, 900 + i as u64),
+            )
         })
         .collect();
-    let large = data(5 << 20, 999);
-    srv.put(&b, "big.bin", large.clone());
-    files.push(("big.bin".into(), large));
-    let addr = format!("127.0.0.1:{}", free_port());
-    let m = MountSpec::new(&b)
-        .server(&srv)
-        .config(NO_OPEN)
-        .args(&["--metrics-addr", &addr])
-        .mount();
+    files.push(("big.bin".into(), data(5 << 20, 999)));
+    let t = mounted("noopen", &files, "");
     for (k, d) in &files {
         assert!(
-            std::fs::read(m.p(k)).unwrap() == *d,
+            std::fs::read(t.m.p(k)).unwrap() == *d,
             "first read: {k} differs"
         );
     }
-    let first = scrape(&addr);
+    let first = scrape(&t.addr);
     assert!(op(&first, "open") <= 1.0, "{first}");
     assert_eq!(op(&first, "release"), 0.0, "{first}");
     assert!(op(&first, "read") >= files.len() as f64, "{first}");
     // Each object once (the small ones prefetched), none again.
-    let gets = srv.request_count("GetObject");
+    let gets = t.srv.request_count("GetObject");
     assert!(gets <= 31 + 8, "{gets} GETs for 31 objects");
     for (k, d) in &files {
         assert!(
-            std::fs::read(m.p(k)).unwrap() == *d,
+            std::fs::read(t.m.p(k)).unwrap() == *d,
             "second read: {k} differs"
         );
     }
-    let second = scrape(&addr);
+    let second = scrape(&t.addr);
     for name in ["open", "release", "read", "lookup", "getattr"] {
         assert_eq!(
             op(&second, name),
@@ -69,7 +88,7 @@ fn files_are_read_with_no_open_or_release_requests() {
             "{name} requests in the second reading:\n{second}"
         );
     }
-    assert_eq!(srv.request_count("GetObject"), gets);
+    assert_eq!(t.srv.request_count("GetObject"), gets);
     assert_eq!(
         metric(&second, "lakemount_fuse_inode_handles"),
         0.0,
@@ -82,19 +101,13 @@ fn files_are_read_with_no_open_or_release_requests() {
 /// passed, never the old pages.
 #[test]
 fn an_overwritten_object_is_read_anew_after_the_ttl() {
-    let srv = private_server();
-    let b = bucket_on(&srv, "noopenttl");
-    let old = data(8_000, 1);
-    let new = data(6_500, 2);
-    srv.put(&b, "x/a.bin", old.clone());
-    let m = MountSpec::new(&b)
-        .server(&srv)
-        .config(&format!("{NO_OPEN}[metadata]\nttl_secs = 1.0\n"))
-        .mount();
-    assert!(std::fs::read(m.p("x/a.bin")).unwrap() == old);
-    srv.put(&b, "x/a.bin", new.clone());
+    let (old, new) = (data(8_000, 1), data(6_500, 2));
+    let files = [("x/a.bin".to_string(), old.clone())];
+    let t = mounted("noopenttl", &files, "[metadata]\nttl_secs = 1.0\n");
+    assert!(std::fs::read(t.m.p("x/a.bin")).unwrap() == old);
+    t.srv.put(&t.b, "x/a.bin", new.clone());
     std::thread::sleep(Duration::from_millis(1_500));
-    let got = std::fs::read(m.p("x/a.bin")).unwrap();
+    let got = std::fs::read(t.m.p("x/a.bin")).unwrap();
     assert!(got == new, "read {} bytes of the old version", got.len());
 }
 
@@ -103,34 +116,54 @@ fn an_overwritten_object_is_read_anew_after_the_ttl() {
 /// kernel would not look the name up again, so ESTALE would reach the reader.
 #[test]
 fn an_open_file_keeps_its_version_after_an_overwrite() {
-    let srv = private_server();
-    let b = bucket_on(&srv, "noopenver");
-    let old = data(200_000, 3);
-    let new = data(150_000, 4);
-    srv.put(&b, "v/a.bin", old.clone());
+    let (old, new) = (data(200_000, 3), data(150_000, 4));
     let dir = TempDir::new("noopen-ver");
-    let m = MountSpec::new(&b)
-        .server(&srv)
-        .config(&format!(
-            "{NO_OPEN}[metadata]\nttl_secs = 1.0\n[cache]\ndir = \"{}\"\n",
-            dir.0.join("c").display()
-        ))
-        .mount();
-    let f = std::fs::File::open(m.p("v/a.bin")).unwrap();
-    assert!(std::fs::read(m.p("v/a.bin")).unwrap() == old);
-    srv.put(&b, "v/a.bin", new.clone());
-    std::thread::sleep(Duration::from_millis(1_500));
-    assert!(
-        std::fs::read(m.p("v/a.bin")).unwrap() == new,
-        "name not anew"
+    let more = format!(
+        "[metadata]\nttl_secs = 1.0\n[cache]\ndir = \"{}\"\n",
+        dir.0.join("c").display()
     );
+    let t = mounted("noopenver", &[("v/a.bin".to_string(), old.clone())], &more);
+    let f = std::fs::File::open(t.m.p("v/a.bin")).unwrap();
+    assert!(std::fs::read(t.m.p("v/a.bin")).unwrap() == old);
+    t.srv.put(&t.b, "v/a.bin", new.clone());
+    std::thread::sleep(Duration::from_millis(1_500));
+    let now = std::fs::read(t.m.p("v/a.bin")).unwrap();
+    assert!(now == new, "the name shows the old version");
     // The old inode's pages gone: its reads come to lakemount again.
     use std::os::fd::AsRawFd;
     // SAFETY: posix_fadvise(2) on an open descriptor.
     let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     assert_eq!(r, 0, "posix_fadvise");
+    let reads = op(&scrape(&t.addr), "read");
     let mut got = vec![0u8; old.len()];
-    use std::os::unix::fs::FileExt;
     f.read_exact_at(&mut got, 0).unwrap();
     assert!(got == old, "the open file changed version");
+    let after = op(&scrape(&t.addr), "read");
+    assert!(after > reads, "not read from lakemount");
+}
+
+/// A reader of a file's tail first (a zip directory, a Parquet footer)
+/// keeps its handle past that read of the end, for the reads from the start
+/// that follow; a file read from its start to its end gives its handle back.
+#[test]
+fn a_read_of_the_tail_first_keeps_the_handle() {
+    let body = data(300_000, 5);
+    let small = data(20_000, 6);
+    let files = [
+        ("z/a.zip".to_string(), body.clone()),
+        ("z/b.bin".to_string(), small.clone()),
+    ];
+    let t = mounted("noopentail", &files, "");
+    let handles = || metric(&scrape(&t.addr), "lakemount_fuse_inode_handles");
+    let f = std::fs::File::open(t.m.p("z/a.zip")).unwrap();
+    let mut tail = vec![0u8; 4096];
+    f.read_exact_at(&mut tail, body.len() as u64 - 4096)
+        .unwrap();
+    assert!(tail[..] == body[body.len() - 4096..]);
+    assert_eq!(handles(), 1.0, "the tail's handle was released");
+    let mut all = vec![0u8; body.len()];
+    f.read_exact_at(&mut all, 0).unwrap();
+    assert!(all == body);
+    assert!(std::fs::read(t.m.p("z/b.bin")).unwrap() == small);
+    assert_eq!(handles(), 1.0, "b.bin was read whole: only a.zip's is kept");
 }

@@ -127,6 +127,18 @@ pub struct Opened {
     pub fill: Option<Bytes>,
 }
 
+/// Where an open's page-cache fill ([`Opened::fill`]) may come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fill {
+    /// No fill: a mount without opens, whose read replies fill the pages.
+    Never,
+    /// A finished small-object prefetch only.
+    Prefetched,
+    /// Also the data cache (memory or disk tier): on a thread that may read
+    /// the local disk briefly (a FUSE session thread).
+    Any,
+}
+
 /// A staged file's data file, for FUSE passthrough.
 pub struct StagedBacking {
     /// The data file; the same `Arc` for every open of one staged file.
@@ -445,7 +457,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             }
             _ => None,
         };
-        Ok(self.open_file(ino, &attr, backing, false))
+        Ok(self.open_file(ino, &attr, backing, Fill::Prefetched))
     }
 
     /// [`Fs::open`] without waiting on the network: `None` when the
@@ -493,7 +505,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             }
             _ => None,
         };
-        Some(Ok(self.open_file(ino, &attr, backing, true)))
+        Some(Ok(self.open_file(ino, &attr, backing, Fill::Any)))
     }
 
     /// Opens a handle of `ino` for a mount without opens (`read.no_open`):
@@ -515,7 +527,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             }
             Some(_) => return None,
         };
-        Some(Ok(self.open_file(ino, &attr, None, false)))
+        Some(Ok(self.open_file(ino, &attr, None, Fill::Never)))
     }
 
     /// [`Fs::open_version_now`] after confirming stale attributes by a
@@ -525,7 +537,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         if attr.kind == EntryKind::Dir {
             return Err(FsError::IsDir);
         }
-        Ok(self.open_file(ino, &attr, None, false))
+        Ok(self.open_file(ino, &attr, None, Fill::Never))
     }
 
     /// Errors of an open of `ino` with fresh attributes `attr`: EISDIR, or
@@ -543,15 +555,15 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
 
     /// Opens a file handle of `ino` at `attr`'s ETag; with `backing`, for
     /// passthrough. A small object takes what small-object read-ahead
-    /// fetched of it. `now`: on a thread that may read the local disk briefly
-    /// (a FUSE session thread): the page-cache fill ([`Opened::fill`]) may
-    /// then come from the data cache (memory or disk tier) too, not only
-    /// from a finished prefetch.
-    fn open_file(&self, ino: u64, attr: &Attr, backing: Option<Backing>, now: bool) -> Opened {
+    /// fetched of it. `fill`: where the page-cache fill ([`Opened::fill`])
+    /// may come from.
+    fn open_file(&self, ino: u64, attr: &Attr, backing: Option<Backing>, fill: Fill) -> Opened {
+        let from = fill;
         let pages = self.meta.inodes.swap_cached_etag(ino, &attr.etag);
         // Not on a writable mount: a truncate racing with the store would
         // get the old bytes back (the store also sets the file's size).
-        let may_fill = backing.is_none()
+        let may_fill = from != Fill::Never
+            && backing.is_none()
             && !self.writable()
             && pages != CachedPages::Other
             && attr.size > 0
@@ -581,7 +593,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             }
         }
         if may_fill
-            && now
+            && from == Fill::Any
             && fill.is_none()
             && let Some(cache) = &self.cache
         {

@@ -4,9 +4,12 @@
 //! and its reads carry file handle 0 (`fuse_file_open`, fs/fuse/file.c;
 //! Linux 4.19+). So lakemount opens a handle per inode at the inode's first
 //! read and keeps it here, and releases it when a read reaches the end of
-//! the file (the kernel holds the bytes in its page cache then), when the
-//! kernel forgets the inode, when it has not been read for [`IDLE`], or when
-//! more than [`MAX_HANDLES`] are kept (least recently read first).
+//! a file that this handle also read from its start (the kernel holds the
+//! bytes in its page cache then; a reader of a file's tail first, a zip
+//! directory or a Parquet footer, keeps its handle), when the kernel
+//! forgets the inode, when it has not been read for [`IDLE`] (a sweep every
+//! [`SWEEP_EVERY`]), or when more than [`MAX_HANDLES`] are kept (least
+//! recently read first).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -21,9 +24,12 @@ use crate::telemetry::metrics as m;
 /// number of files read at once.
 pub const MAX_HANDLES: usize = 1024;
 
-/// A handle not read for this long is released when the next one is
-/// opened. Its file's reads since are in the page cache or done.
+/// A handle not read for this long is released. Its file's reads since
+/// are in the page cache or done.
 pub const IDLE: Duration = Duration::from_secs(30);
+
+/// How often idle handles are looked for.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 /// One inode's handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +38,9 @@ pub struct Handle {
     pub fh: u64,
     /// Size of the object version opened, bytes.
     pub size: u64,
+    /// A read at offset 0 was served with it: a read reaching the end of
+    /// the file then releases it.
+    pub from_start: bool,
     /// Last read (or the open).
     used: Instant,
 }
@@ -62,24 +71,52 @@ impl InodeHandles {
     }
 
     /// Keeps `fh` (of an object version of `size` bytes) as the handle of
-    /// `ino`. Returns it, and the file handles to release: the one `ino` had
-    /// (two first reads raced), and those beyond the cap or idle too long.
+    /// `ino`, unless `ino` has one already (two first reads raced): returns
+    /// the handle kept, and the file handles to release: `fh` if not kept,
+    /// and those beyond the cap or idle too long.
     pub fn insert(&self, ino: u64, fh: u64, size: u64) -> (Handle, Vec<u64>) {
         let now = Instant::now();
+        let mut t = self.table.lock().unwrap();
+        if let Some(h) = t.get_mut(&ino) {
+            h.used = now;
+            return (*h, vec![fh]);
+        }
         let h = Handle {
             fh,
             size,
+            from_start: false,
             used: now,
         };
+        t.put(ino, h);
+        let mut released = Vec::new();
+        while let Some((_, old)) = t.peek_lru() {
+            if t.len() <= self.max && now.duration_since(old.used) < self.idle {
+                break;
+            }
+            if let Some((_, old)) = t.pop_lru() {
+                released.push(old.fh);
+            }
+        }
+        metrics::gauge!(m::FUSE_INODE_HANDLES).set(t.len() as f64);
+        (h, released)
+    }
+
+    /// Notes that `ino`'s handle `fh` served a read at offset 0.
+    pub fn read_from_start(&self, ino: u64, fh: u64) {
+        let mut t = self.table.lock().unwrap();
+        if let Some(h) = t.peek_mut(&ino).filter(|h| h.fh == fh) {
+            h.from_start = true;
+        }
+    }
+
+    /// Removes the handles not read for the idle time; gives their file
+    /// handles, to release.
+    pub fn sweep(&self) -> Vec<u64> {
+        let now = Instant::now();
         let mut t = self.table.lock().unwrap();
         let mut released = Vec::new();
-        if let Some((_, old)) = t.push(ino, h)
-            && old.fh != fh
-        {
-            released.push(old.fh);
-        }
         while let Some((_, h)) = t.peek_lru() {
-            if t.len() <= self.max && now.duration_since(h.used) < self.idle {
+            if now.duration_since(h.used) < self.idle {
                 break;
             }
             if let Some((_, h)) = t.pop_lru() {
@@ -87,7 +124,7 @@ impl InodeHandles {
             }
         }
         metrics::gauge!(m::FUSE_INODE_HANDLES).set(t.len() as f64);
-        (h, released)
+        released
     }
 
     /// Removes the handle of `ino` if it is `fh` (`None`: whichever it is);
@@ -127,20 +164,35 @@ mod tests {
     }
 
     #[test]
-    fn a_racing_second_open_releases_the_first() {
+    fn a_racing_second_open_is_released_and_the_first_kept() {
         let t = InodeHandles::new(8, IDLE);
         assert!(t.insert(1, 10, 5).1.is_empty());
-        assert_eq!(t.insert(1, 11, 5).1, vec![10]);
-        assert_eq!(t.get(1).map(|h| h.fh), Some(11));
+        let (kept, out) = t.insert(1, 11, 5);
+        assert_eq!((kept.fh, out), (10, vec![11]));
+        assert_eq!(t.get(1).map(|h| h.fh), Some(10));
     }
 
     #[test]
-    fn idle_handles_are_released_at_the_next_open() {
-        let t = InodeHandles::new(8, Duration::from_millis(20));
+    fn idle_handles_are_released_by_the_sweep_or_the_next_open() {
+        let t = InodeHandles::new(8, Duration::from_millis(50));
         assert!(t.insert(1, 10, 5).1.is_empty());
-        std::thread::sleep(Duration::from_millis(40));
-        assert_eq!(t.insert(2, 20, 5).1, vec![10]);
+        assert!(t.insert(2, 20, 5).1.is_empty());
+        std::thread::sleep(Duration::from_millis(80));
+        t.get(2);
+        assert_eq!(t.sweep(), vec![10]);
+        std::thread::sleep(Duration::from_millis(80));
+        assert_eq!(t.insert(3, 30, 5).1, vec![20]);
         assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn reads_from_the_start_are_noted_on_the_handle_named() {
+        let t = InodeHandles::new(8, IDLE);
+        t.insert(1, 10, 5);
+        t.read_from_start(1, 11);
+        assert!(!t.get(1).unwrap().from_start);
+        t.read_from_start(1, 10);
+        assert!(t.get(1).unwrap().from_start);
     }
 
     #[test]

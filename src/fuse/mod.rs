@@ -209,6 +209,7 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
         session_threads: usize,
         no_open: bool,
     ) -> Self {
+        let no_open = no_open.then(|| sweep_handles(&fs, &rt));
         Self {
             fs,
             rt,
@@ -218,8 +219,7 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
             direct_io_min_size,
             turns: Turns::new(session_threads, turns::PATIENCE),
             notifier: Arc::new(OnceLock::new()),
-            no_open: no_open
-                .then(|| Arc::new(InodeHandles::new(handles::MAX_HANDLES, handles::IDLE))),
+            no_open,
         }
     }
 
@@ -282,6 +282,28 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
             _ => true,
         }
     }
+}
+
+/// The handle table of a mount without opens, and the task that releases
+/// its idle handles every [`handles::SWEEP_EVERY`] until the mount ends.
+fn sweep_handles<S: ObjectStore + WriteStore>(
+    fs: &Arc<Fs<S>>,
+    rt: &tokio::runtime::Handle,
+) -> Arc<InodeHandles> {
+    let handles = Arc::new(InodeHandles::new(handles::MAX_HANDLES, handles::IDLE));
+    let (weak_fs, weak_handles) = (Arc::downgrade(fs), Arc::downgrade(&handles));
+    rt.spawn(async move {
+        loop {
+            tokio::time::sleep(handles::SWEEP_EVERY).await;
+            let (Some(fs), Some(handles)) = (weak_fs.upgrade(), weak_handles.upgrade()) else {
+                return;
+            };
+            for fh in handles.sweep() {
+                fs.release(fh, || ());
+            }
+        }
+    });
+    handles
 }
 
 impl<S: ObjectStore + WriteStore> FuseFs<S> {
@@ -362,14 +384,22 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
     ) {
         let (fs, handles) = (self.fs.clone(), handles.clone());
         self.rt.spawn(async move {
-            let o = match fs.open_version(ino).await {
-                Ok(o) => o,
-                Err(e) => return reply.error(errno("read", &e)),
-            };
-            let h = keep_handle(&fs, &handles, ino, &o);
-            let r = fs.read(h.fh, offset, size).await;
-            release_at_end(&fs, &handles, ino, h, offset, &r);
-            read_reply(reply, r)
+            // As in `read_inode`: the handle may be released meanwhile.
+            loop {
+                let h = match handles.get(ino) {
+                    Some(h) => h,
+                    None => match fs.open_version(ino).await {
+                        Ok(o) => keep_handle(&fs, &handles, ino, &o),
+                        Err(e) => return reply.error(errno("read", &e)),
+                    },
+                };
+                let r = match fs.read(h.fh, offset, size).await {
+                    Err(FsError::BadHandle) => continue,
+                    r => r,
+                };
+                release_at_end(&fs, &handles, ino, h, offset, &r);
+                return read_reply(reply, r);
+            }
         });
     }
 }
@@ -389,8 +419,9 @@ fn keep_handle<S: ObjectStore + WriteStore>(
 }
 
 /// After a read of `ino` at `offset` with its kept handle `h`: a read that
-/// reached the end of the file (its bytes are in the page cache now) or
-/// failed (the next read opens anew, with fresh attributes) releases it.
+/// reached the end of a file this handle also read from its start (the
+/// bytes are in the page cache now) or that failed (the next read opens
+/// anew, with fresh attributes) releases it.
 fn release_at_end<S: ObjectStore + WriteStore>(
     fs: &Fs<S>,
     handles: &InodeHandles,
@@ -399,11 +430,17 @@ fn release_at_end<S: ObjectStore + WriteStore>(
     offset: u64,
     r: &Result<bytes::Bytes, FsError>,
 ) {
-    let end = match r {
-        Ok(b) => offset + b.len() as u64 >= h.size,
+    let release = match r {
+        Ok(b) if offset + b.len() as u64 >= h.size => offset == 0 || h.from_start,
+        Ok(_) => {
+            if offset == 0 {
+                handles.read_from_start(ino, h.fh);
+            }
+            false
+        }
         Err(_) => true,
     };
-    if end && let Some(fh) = handles.remove(ino, Some(h.fh)) {
+    if release && let Some(fh) = handles.remove(ino, Some(h.fh)) {
         fs.release(fh, || ());
     }
 }
@@ -743,6 +780,17 @@ struct PassthroughOn {
 
 impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if self.no_open.is_some()
+            && !config
+                .capabilities()
+                .contains(InitFlags::FUSE_NO_OPEN_SUPPORT)
+        {
+            // An ENOSYS open would fail every open on this kernel.
+            warn!(
+                "read.no_open: the kernel lacks FUSE no-open support (Linux 4.19+); opens stay on"
+            );
+            self.no_open = None;
+        }
         let _ = config.set_max_readahead(MAX_READAHEAD);
         let _ = config.set_max_background(MAX_BACKGROUND);
         // READDIRPLUS on every readdir call, not READDIRPLUS_AUTO: with AUTO
