@@ -206,20 +206,13 @@ fn fills(body: &str) -> f64 {
 
 /// Waits until every open the mount got has been released. A close's
 /// FUSE_RELEASE is sent in the background, so the next open may arrive
-/// before it: that open would not be alone and would not fill. The counter
-/// counts a release as it arrives; the short sleep lets its handler end.
+/// before it: that open would not be alone and would not fill. The gauge
+/// counts a release once its handler has updated the inodes' open counts.
 fn settle(addr: &str) {
-    let count = |op: &str| {
-        metric(
-            &scrape(addr),
-            &format!("lakemount_fuse_requests_total{{op=\"{op}\"}}"),
-        )
-    };
     let settled = wait_for(Duration::from_secs(10), || {
-        count("open") == count("release")
+        metric(&scrape(addr), "lakemount_fuse_open_files") == 0.0
     });
     assert!(settled.is_some(), "opens not released:\n{}", scrape(addr));
-    std::thread::sleep(Duration::from_millis(50));
 }
 
 /// An open does not fill the page cache while another open of the same

@@ -144,6 +144,11 @@ impl IoTable {
         st
     }
 
+    /// Whether an open of `ino` is filling its page cache now.
+    fn filling(&self, ino: u64) -> bool {
+        self.lock().inodes.get(&ino).is_some_and(|e| e.filling)
+    }
+
     /// Ends the page-cache fill of `ino` that [`choose_mode`] began.
     fn end_fill(&self, ino: u64) {
         if let Some(e) = self.lock().inodes.get_mut(&ino) {
@@ -614,6 +619,7 @@ fn choose_mode<'a, S: ObjectStore + WriteStore>(
         e.filling = true;
     }
     st.handles.insert(o.fh, (ino, mode));
+    metrics::gauge!(m::FUSE_OPEN_FILES).set(st.handles.len() as f64);
     drop(st);
     let fill = fill.then_some(Filling { io, ino });
     match shared {
@@ -660,6 +666,9 @@ struct Serving<'a> {
     direct_io_min_size: u64,
     /// Fills the page cache with a small object's bytes ([`fill_page_cache`]).
     notifier: Option<&'a Notifier>,
+    /// On a session thread: lets a parked thread read while this open waits
+    /// for another's page-cache fill ([`Turn::may_block`]).
+    turn: Option<&'a Turn<'a>>,
 }
 
 /// Answers an open with the I/O mode [`IoModes`] allows, and records it.
@@ -677,6 +686,11 @@ fn open_reply<S: ObjectStore + WriteStore>(
         _ => None,
     };
     let open_backing = |f: &std::fs::File| reply.open_backing(f);
+    // The open is about to wait for another's store: let a parked session
+    // thread read meanwhile.
+    if let Some(t) = how.turn.filter(|_| how.io.filling(ino)) {
+        t.may_block();
+    }
     match choose_mode(
         fs,
         ino,
@@ -931,6 +945,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
                         on: &self.passthrough,
                         direct_io_min_size: self.direct_io_min_size,
                         notifier: self.notifier.get(),
+                        turn: Some(&turn),
                     };
                     open_reply(&self.fs, reply, ino.0, o, &how)
                 }
@@ -950,6 +965,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
                         on: &passthrough,
                         direct_io_min_size: direct,
                         notifier: notifier.get(),
+                        turn: None,
                     };
                     open_reply(&fs, reply, ino.0, o, &how)
                 }
@@ -1018,6 +1034,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
                 io.inodes.remove(&ino);
             }
         }
+        metrics::gauge!(m::FUSE_OPEN_FILES).set(io.handles.len() as f64);
         drop(io);
         reply.ok();
     }
@@ -1413,6 +1430,7 @@ mod tests {
                 drop(io.lock_unfilled(7));
                 through.store(true, Ordering::SeqCst);
             });
+            assert!(io.filling(7) && !io.filling(8));
             drop(io.lock_unfilled(8));
             std::thread::sleep(Duration::from_millis(100));
             assert!(!through.load(Ordering::SeqCst), "went on during the fill");

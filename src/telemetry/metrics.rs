@@ -66,6 +66,9 @@ pub const FUSE_DIRECT_IO_OPENS: &str = "lakemount_fuse_direct_io_opens_total";
 /// cache and its reads need no request; failed: the kernel refused, the open
 /// is served as without).
 pub const PAGE_CACHE_FILLS: &str = "lakemount_page_cache_fills_total";
+/// Gauge: files open on the mount: opens (and creates) answered and not
+/// yet released, counted once the release's bookkeeping is done.
+pub const FUSE_OPEN_FILES: &str = "lakemount_fuse_open_files";
 /// Gauge: file handles a mount without opens (`read.no_open`) keeps, one
 /// per inode being read (src/fuse/handles.rs).
 pub const FUSE_INODE_HANDLES: &str = "lakemount_fuse_inode_handles";
