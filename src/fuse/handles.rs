@@ -38,9 +38,9 @@ pub struct Handle {
     pub fh: u64,
     /// Size of the object version opened, bytes.
     pub size: u64,
-    /// A read at offset 0 was served with it: a read reaching the end of
-    /// the file then releases it.
-    pub from_start: bool,
+    /// A read at offset 0 began with it: a read reaching the end of the
+    /// file then releases it.
+    from_start: bool,
     /// Last read (or the open).
     used: Instant,
 }
@@ -101,11 +101,26 @@ impl InodeHandles {
         (h, released)
     }
 
-    /// Notes that `ino`'s handle `fh` served a read at offset 0.
+    /// Notes that a read at offset 0 began with `ino`'s handle `fh`.
     pub fn read_from_start(&self, ino: u64, fh: u64) {
         let mut t = self.table.lock().unwrap();
         if let Some(h) = t.peek_mut(&ino).filter(|h| h.fh == fh) {
             h.from_start = true;
+        }
+    }
+
+    /// Removes `ino`'s handle if it is `fh` and a read at offset 0 began
+    /// with it ([`Self::read_from_start`]): a read of it reached the end
+    /// of the file. Gives the file handle removed, to release.
+    pub fn remove_at_end(&self, ino: u64, fh: u64) -> Option<u64> {
+        let mut t = self.table.lock().unwrap();
+        match t.peek(&ino) {
+            Some(h) if h.fh == fh && h.from_start => {
+                t.pop(&ino);
+                metrics::gauge!(m::FUSE_INODE_HANDLES).set(t.len() as f64);
+                Some(fh)
+            }
+            _ => None,
         }
     }
 
@@ -186,13 +201,16 @@ mod tests {
     }
 
     #[test]
-    fn reads_from_the_start_are_noted_on_the_handle_named() {
+    fn only_a_handle_read_from_its_start_is_removed_at_the_end() {
         let t = InodeHandles::new(8, IDLE);
         t.insert(1, 10, 5);
+        assert_eq!(t.remove_at_end(1, 10), None);
         t.read_from_start(1, 11);
-        assert!(!t.get(1).unwrap().from_start);
+        assert_eq!(t.remove_at_end(1, 10), None);
         t.read_from_start(1, 10);
-        assert!(t.get(1).unwrap().from_start);
+        assert_eq!(t.remove_at_end(1, 11), None);
+        assert_eq!(t.remove_at_end(1, 10), Some(10));
+        assert_eq!(t.len(), 0);
     }
 
     #[test]

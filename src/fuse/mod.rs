@@ -365,6 +365,9 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
             };
             match self.fs.begin_read(h.fh, offset, size) {
                 Ok(pending) => {
+                    if offset == 0 {
+                        handles.read_from_start(ino, h.fh);
+                    }
                     let handles = handles.clone();
                     let done = move |fs: &Fs<S>, r: &Result<bytes::Bytes, FsError>| {
                         release_at_end(fs, &handles, ino, h, offset, r)
@@ -398,6 +401,9 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
                         Err(e) => return reply.error(errno("read", &e)),
                     },
                 };
+                if offset == 0 {
+                    handles.read_from_start(ino, h.fh);
+                }
                 let r = match fs.read(h.fh, offset, size).await {
                     Err(FsError::BadHandle) => continue,
                     r => r,
@@ -424,8 +430,8 @@ fn keep_handle<S: ObjectStore + WriteStore>(
 }
 
 /// After a read of `ino` at `offset` with its kept handle `h`: a read that
-/// reached the end of a file this handle also read from its start (the
-/// bytes are in the page cache now) or that failed (the next read opens
+/// reached the end of a file the handle also began a read at its start with
+/// (the bytes are in the page cache now) or that failed (the next read opens
 /// anew, with fresh attributes) releases it.
 fn release_at_end<S: ObjectStore + WriteStore>(
     fs: &Fs<S>,
@@ -435,17 +441,12 @@ fn release_at_end<S: ObjectStore + WriteStore>(
     offset: u64,
     r: &Result<bytes::Bytes, FsError>,
 ) {
-    let release = match r {
-        Ok(b) if offset + b.len() as u64 >= h.size => offset == 0 || h.from_start,
-        Ok(_) => {
-            if offset == 0 {
-                handles.read_from_start(ino, h.fh);
-            }
-            false
-        }
-        Err(_) => true,
+    let out = match r {
+        Ok(b) if offset + b.len() as u64 >= h.size => handles.remove_at_end(ino, h.fh),
+        Ok(_) => None,
+        Err(_) => handles.remove(ino, Some(h.fh)),
     };
-    if release && let Some(fh) = handles.remove(ino, Some(h.fh)) {
+    if let Some(fh) = out {
         fs.release(fh, || ());
     }
 }

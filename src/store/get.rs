@@ -131,8 +131,7 @@ pub(super) struct DirectGet {
     /// The bucket's URL without a trailing `/`: a key's URL is this, `/`,
     /// and the key encoded with [`KEY`].
     base: String,
-    /// The `Host` GETs are sent and signed with: `base`'s authority
-    /// without a default port.
+    /// The `Host` GETs are sent and signed with ([`host_and_origin`]).
     host: String,
     /// Length of `base`'s scheme and authority: a URL's path follows.
     origin_len: usize,
@@ -197,13 +196,7 @@ impl DirectGet {
             signing_name = text("signingName").unwrap_or(signing_name);
         }
         let base = endpoint.url().trim_end_matches('/').to_string();
-        let uri = base.parse::<http::Uri>().ok()?;
-        let authority = uri.authority()?.as_str();
-        let origin_len = base.find(authority)? + authority.len();
-        let host = match (uri.scheme_str(), uri.port_u16()) {
-            (Some("http"), Some(80)) | (Some("https"), Some(443)) => uri.host()?.to_string(),
-            _ => authority.to_string(),
-        };
+        let (host, origin_len) = host_and_origin(&base)?;
         Some(Self {
             connector: s.connector,
             base,
@@ -448,8 +441,8 @@ impl DirectGet {
     /// Sends a GET of `range` of `url` and checks its answer's headers; the
     /// body is left to read. A failed answer's connection is poisoned.
     async fn send(&self, url: &str, range: &Range<u64>, etag: &str) -> Result<Answer, Failure> {
-        // No Host header: hyper takes it from the URL (without a default
-        // port), as `self.host` is.
+        // No Host header: the connector writes it from the URL as
+        // `self.host` is (over HTTP/2, `:authority` is the URL's as written).
         let range_value = format!("bytes={}-{}", range.start, range.end - 1);
         let mut req = http::Request::get(url)
             .header(http::header::USER_AGENT, USER_AGENT)
@@ -639,6 +632,21 @@ impl Failure {
     fn throttled(&self) -> bool {
         matches!(self.error, StoreError::Throttled(_))
     }
+}
+
+/// The `Host` of GETs to the bucket URL `base`, as the HTTP connector
+/// writes it (host, and `:port` unless the scheme's default; userinfo
+/// dropped), and the length of `base`'s scheme and authority, after which a
+/// URL's path starts. `None` for a URL without an authority.
+fn host_and_origin(base: &str) -> Option<(String, usize)> {
+    let uri = base.parse::<http::Uri>().ok()?;
+    let scheme = uri.scheme_str()?;
+    let authority = uri.authority()?;
+    let host = match (scheme, uri.port_u16()) {
+        ("http", Some(80)) | ("https", Some(443)) | (_, None) => authority.host().to_string(),
+        (_, Some(port)) => format!("{}:{port}", authority.host()),
+    };
+    Some((host, scheme.len() + "://".len() + authority.as_str().len()))
 }
 
 /// Whether two ETags name the same version: equal once a weak prefix
@@ -895,7 +903,7 @@ impl CredentialsCache {
 
 #[cfg(test)]
 mod tests {
-    use super::{BACKOFF_BASE, BACKOFF_MAX, KEY, THROTTLE_BACKOFF_BASE, backoff};
+    use super::{BACKOFF_BASE, BACKOFF_MAX, KEY, THROTTLE_BACKOFF_BASE, backoff, host_and_origin};
 
     #[test]
     fn keys_are_encoded_as_s3_signs_them() {
@@ -904,6 +912,27 @@ mod tests {
         assert_eq!(enc("a b+c"), "a%20b%2Bc");
         assert_eq!(enc("x/../y//z"), "x/../y//z");
         assert_eq!(enc("\u{e9}%?#\u{1}"), "%C3%A9%25%3F%23%01");
+    }
+
+    #[test]
+    fn hosts_and_paths_are_split_as_sent() {
+        for (base, host, path) in [
+            ("http://127.0.0.1:9000/bucket", "127.0.0.1:9000", "/bucket"),
+            (
+                "https://s3.eu-west-3.amazonaws.com",
+                "s3.eu-west-3.amazonaws.com",
+                "",
+            ),
+            ("http://h", "h", ""),
+            ("https://s/b", "s", "/b"),
+            ("http://minio:80/b", "minio", "/b"),
+            ("https://m:443/b", "m", "/b"),
+            ("http://[::1]:9000/b", "[::1]:9000", "/b"),
+            ("https://u:p@h:09000/pre/b", "h:9000", "/pre/b"),
+        ] {
+            let (h, origin) = host_and_origin(base).unwrap();
+            assert_eq!((h.as_str(), &base[origin..]), (host, path), "{base}");
+        }
     }
 
     #[test]

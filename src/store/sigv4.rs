@@ -294,9 +294,13 @@ mod tests {
                 Some("  \"x  y\"  "),
             ),
         ];
+        // The same access key with a rotated secret: the key kept is not reused.
+        let rotated = Credentials::new("AKIDEXAMPLE", "rotated-secret", None, None, "t");
         let signer = GetSigner::new("eu-west-3", "s3");
-        for creds in [&plain, &session] {
-            for &t in &times {
+        // Each time in turn with each of the credentials: the same day with
+        // another secret must not reuse the key kept.
+        for &t in &times {
+            for creds in [&plain, &rotated, &session] {
                 for (base, path, etag) in cases {
                     let url = format!("{base}{path}");
                     let uri: http::Uri = url.parse().unwrap();
