@@ -167,3 +167,52 @@ fn a_read_of_the_tail_first_keeps_the_handle() {
     assert!(std::fs::read(t.m.p("z/b.bin")).unwrap() == small);
     assert_eq!(handles(), 1.0, "b.bin was read whole: only a.zip's is kept");
 }
+
+/// With a data cache, the objects small-object read-ahead fetches are put
+/// in their inodes' page cache as they arrive: a loader's reads of them
+/// then send no request at all, and no GET. Without a data cache nothing is
+/// pushed (a page the kernel dropped would cost a GET again).
+#[test]
+fn prefetched_objects_are_in_the_page_cache_before_they_are_read() {
+    let files: Vec<(String, Vec<u8>)> = (0..30)
+        .map(|i| {
+            (
+                format!("p/s{i:02}.jpg"),
+                data(4_000 + 61 * i, 700 + i as u64),
+            )
+        })
+        .collect();
+    let dir = TempDir::new("noopen-push");
+    let more = format!("[cache]\ndir = \"{}\"\n", dir.0.join("c").display());
+    let t = mounted("noopenpush", &files, &more);
+    let fills = |t: &NoOpen| {
+        metric(
+            &scrape(&t.addr),
+            "lakemount_page_cache_fills_total{result=\"ok\"}",
+        )
+    };
+    // `ls` first, as a loader's index does: the kernel then holds every inode.
+    assert_eq!(names(&t.m.p("p")).len(), 30);
+    assert!(std::fs::read(t.m.p(&files[0].0)).unwrap() == files[0].1);
+    let pushed = wait_for(Duration::from_secs(10), || fills(&t) >= 29.0);
+    assert!(pushed.is_some(), "{} pushed:\n{}", fills(&t), t.m.log());
+    let reads = op(&scrape(&t.addr), "read");
+    for (k, d) in &files[1..] {
+        assert!(std::fs::read(t.m.p(k)).unwrap() == *d, "{k} differs");
+    }
+    assert_eq!(
+        op(&scrape(&t.addr), "read"),
+        reads,
+        "reads came to lakemount"
+    );
+    assert_eq!(t.srv.request_count("GetObject"), 30);
+
+    let t = mounted("noopenpush2", &files, "");
+    assert_eq!(names(&t.m.p("p")).len(), 30);
+    assert!(std::fs::read(t.m.p(&files[0].0)).unwrap() == files[0].1);
+    wait_for(Duration::from_secs(10), || {
+        t.srv.request_count("GetObject") >= 30
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(fills(&t), 0.0, "pushed without a data cache");
+}

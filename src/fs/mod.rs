@@ -127,6 +127,17 @@ pub struct Opened {
     pub fill: Option<Bytes>,
 }
 
+/// The inode `key` has in `inodes` (walking its path from the root), if
+/// the table holds every directory on the way and the name.
+fn inode_of_key(inodes: &crate::meta::inode::InodeTable, key: &str) -> Option<u64> {
+    let mut ino = crate::meta::inode::ROOT_INO;
+    let root = inodes.get(ino)?.key;
+    for name in key.strip_prefix(root.as_str())?.split('/') {
+        ino = inodes.child(ino, name)?;
+    }
+    Some(ino)
+}
+
 /// Where an open's page-cache fill ([`Opened::fill`]) may come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fill {
@@ -506,6 +517,44 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             _ => None,
         };
         Some(Ok(self.open_file(ino, &attr, backing, Fill::Any)))
+    }
+
+    /// For a mount without opens (`read.no_open`) with a data cache: `f`
+    /// is called, on the GET's task, with each object small-object
+    /// read-ahead fetched whole whose inode the kernel holds at that version
+    /// (inode, key, ETag, size in bytes, the object's bytes), to put in the
+    /// page cache; [`Fs::small_delivered`] then ends its prefetch. Without a
+    /// data cache an object the kernel dropped from its page cache before
+    /// it was read would be fetched again, so nothing is registered: returns
+    /// whether `f` was.
+    pub fn on_small_fetched(
+        &self,
+        f: impl Fn(u64, &str, &str, u64, Bytes) + Send + Sync + 'static,
+    ) -> bool {
+        let (Some(small), Some(_)) = (&self.small, &self.cache) else {
+            return false;
+        };
+        let meta = self.meta.clone();
+        small.on_fetched(move |key, etag, size, bytes| {
+            if let Some(ino) = inode_of_key(&meta.inodes, key)
+                && meta
+                    .inodes
+                    .get(ino)
+                    .is_some_and(|a| a.etag == etag && a.size == size)
+            {
+                f(ino, key, etag, size, bytes);
+            }
+        });
+        true
+    }
+
+    /// A small object [`Fs::on_small_fetched`] gave is in the page cache:
+    /// its prefetch ends as an open's take would end it (written to the
+    /// data cache, counted as opened in its directory's round).
+    pub fn small_delivered(&self, key: &str, etag: &str, size: u64) {
+        if let Some(small) = &self.small {
+            drop(small.take(key, etag, size));
+        }
     }
 
     /// Opens a handle of `ino` for a mount without opens (`read.no_open`):

@@ -215,6 +215,10 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
         no_open: bool,
     ) -> Self {
         let no_open = no_open.then(|| sweep_handles(&fs, &rt));
+        let notifier = Arc::new(OnceLock::new());
+        if no_open.is_some() {
+            push_prefetched(&fs, &notifier, &rt);
+        }
         Self {
             fs,
             rt,
@@ -223,7 +227,7 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
             io: Arc::new(IoTable::default()),
             direct_io_min_size,
             turns: Turns::new(session_threads, turns::PATIENCE),
-            notifier: Arc::new(OnceLock::new()),
+            notifier,
             no_open,
         }
     }
@@ -309,6 +313,47 @@ fn sweep_handles<S: ObjectStore + WriteStore>(
         }
     });
     handles
+}
+
+/// A mount without opens with a data cache: each small object read-ahead
+/// fetches is put in its inode's page cache (FUSE_NOTIFY_STORE) as it
+/// arrives, by a thread of its own, so a loader's read of it needs no
+/// request at all. Its own thread: a store waits for page locks a READ of
+/// the same file may hold, and that READ's reply must not wait behind it.
+fn push_prefetched<S: ObjectStore + WriteStore>(
+    fs: &Arc<Fs<S>>,
+    notifier: &Arc<OnceLock<Notifier>>,
+    rt: &tokio::runtime::Handle,
+) {
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, String, String, u64, bytes::Bytes)>();
+    let tx = Mutex::new(tx);
+    let registered = fs.on_small_fetched(move |ino, key, etag, size, bytes| {
+        let _ = tx
+            .lock()
+            .unwrap()
+            .send((ino, key.to_string(), etag.to_string(), size, bytes));
+    });
+    if !registered {
+        return;
+    }
+    let (fs, notifier, rt) = (Arc::downgrade(fs), notifier.clone(), rt.clone());
+    let spawned = std::thread::Builder::new()
+        .name("lakemount-push".into())
+        .spawn(move || {
+            // Ending a prefetch may send the next GETs.
+            let _rt = rt.enter();
+            for (ino, key, etag, size, bytes) in rx {
+                let (Some(fs), Some(n)) = (fs.upgrade(), notifier.get()) else {
+                    continue;
+                };
+                if fill_page_cache(n, ino, &bytes) {
+                    fs.small_delivered(&key, &etag, size);
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        warn!("no page-cache push of prefetched objects: {e}");
+    }
 }
 
 impl<S: ObjectStore + WriteStore> FuseFs<S> {

@@ -88,7 +88,9 @@ pub struct ReadConfig {
     /// is answered ENOSYS, after which the kernel opens files without asking
     /// lakemount and keeps their page cache (FUSE no-open support, Linux
     /// 4.19+). A loader's small file then costs its read alone instead of
-    /// open, read (or page-cache fill) and release. What is given up, for
+    /// open, read (or page-cache fill) and release; with a data cache,
+    /// prefetched small objects are put in the page cache as they arrive,
+    /// and their reads cost no request. What is given up, for
     /// every file of the mount: FUSE passthrough of cached files and direct
     /// I/O for large ones (`direct_io_min_size`), since both are chosen at
     /// open. Off by default; for mounts of small-file data sets

@@ -32,8 +32,10 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 
 use super::ReadConfig;
 use super::budget::MemoryBudget;
@@ -131,8 +133,14 @@ pub struct SmallPrefetch<S> {
     in_flight: AtomicUsize,
     /// The expiry sweeper runs (started by the first scan).
     sweeping: AtomicBool,
+    /// Told of every object a prefetch GET fetched whole ([`Self::on_fetched`]).
+    fetched: OnceLock<Fetched>,
     me: Weak<Self>,
 }
+
+/// What [`SmallPrefetch::on_fetched`] registers: called with key, ETag, size
+/// in bytes and the object's bytes.
+type Fetched = Box<dyn Fn(&str, &str, u64, Bytes) + Send + Sync>;
 
 impl<S: ObjectStore> SmallPrefetch<S> {
     /// The prefetcher over `store` with the `[read]` settings, drawing memory
@@ -160,8 +168,16 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             inner: Mutex::new(Inner::default()),
             in_flight: AtomicUsize::new(0),
             sweeping: AtomicBool::new(false),
+            fetched: OnceLock::new(),
             me: me.clone(),
         }))
+    }
+
+    /// Registers `f`, called on the GET's task with each object a prefetch
+    /// GET fetched whole (key, ETag, size, bytes); it stays held until taken
+    /// ([`Self::take`]). Only the first registration counts.
+    pub fn on_fetched(&self, f: impl Fn(&str, &str, u64, Bytes) + Send + Sync + 'static) {
+        let _ = self.fetched.set(Box::new(f));
     }
 
     /// Whether an object of `size` bytes is small enough to prefetch.
@@ -395,6 +411,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             let (key, etag, size) = (c.key.clone(), c.etag.clone(), c.size);
             let urgency = Urgency::ahead();
             let u = urgency.clone();
+            let me = self.me.clone();
             let part = Part::spawn(0, size, reservation, urgency, async move {
                 let got = store.get_range_ahead(&key, 0..size, &etag, u).await;
                 if got.is_ok() {
@@ -403,6 +420,11 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                 }
                 ended.failed = got.is_err();
                 drop(ended);
+                if let (Ok(bytes), Some(me)) = (&got, me.upgrade())
+                    && let Some(f) = me.fetched.get()
+                {
+                    f(&key, &etag, size, bytes.clone());
+                }
                 got.map(Segments::from)
             });
             inner.order.push_back((now, c.key.clone()));
