@@ -216,3 +216,50 @@ fn prefetched_objects_are_in_the_page_cache_before_they_are_read() {
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(fills(&t), 0.0, "pushed without a data cache");
 }
+
+/// Objects pushed to the page cache still count against the small-object
+/// budget until the loader is seen at them (Python's `open` sends an ioctl,
+/// TCGETS, for each file): prefetch does not run ahead of the loader by
+/// more than the budget.
+#[test]
+fn pushed_objects_hold_the_budget_until_the_loader_gets_to_them() {
+    let files: Vec<(String, Vec<u8>)> = (0..30)
+        .map(|i| (format!("q/s{i:02}.jpg"), data(5_000, 800 + i as u64)))
+        .collect();
+    let dir = TempDir::new("noopen-pushbudget");
+    let more = format!(
+        "small_budget = 16000\nsmall_max_size = 8000\n[cache]\ndir = \"{}\"\n",
+        dir.0.join("c").display()
+    );
+    let t = mounted("noopenpushb", &files, &more);
+    let fills = || {
+        metric(
+            &scrape(&t.addr),
+            "lakemount_page_cache_fills_total{result=\"ok\"}",
+        )
+    };
+    assert_eq!(names(&t.m.p("q")).len(), 30);
+    assert!(std::fs::read(t.m.p(&files[0].0)).unwrap() == files[0].1);
+    wait_for(Duration::from_secs(5), || fills() >= 3.0);
+    std::thread::sleep(Duration::from_millis(300));
+    let held = fills();
+    assert!((1.0..=3.0).contains(&held), "{held} pushed with room for 3");
+    // Opened as Python opens: TCGETS (isatty) first, then read.
+    for (k, d) in &files[1..] {
+        let f = std::fs::File::open(t.m.p(k)).unwrap();
+        use std::os::fd::AsRawFd;
+        let mut tio = std::mem::MaybeUninit::<libc::termios>::uninit();
+        // SAFETY: TCGETS into a termios buffer of the right size.
+        let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::TCGETS, tio.as_mut_ptr()) };
+        assert_eq!(r, -1, "a regular file is no terminal");
+        let mut got = Vec::new();
+        use std::io::Read;
+        (&f).read_to_end(&mut got).unwrap();
+        assert!(got == *d, "{k} differs");
+    }
+    assert!(
+        fills() >= 20.0,
+        "{} pushed after the loader moved on",
+        fills()
+    );
+}

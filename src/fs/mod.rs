@@ -549,11 +549,22 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     }
 
     /// A small object [`Fs::on_small_fetched`] gave is in the page cache:
-    /// its prefetch ends as an open's take would end it (written to the
-    /// data cache, counted as opened in its directory's round).
+    /// it is written to the data cache, and counts against the small-object
+    /// budget until [`Fs::small_consumed`] (or its read) says the loader got
+    /// to it. Needs a runtime context.
     pub fn small_delivered(&self, key: &str, etag: &str, size: u64) {
         if let Some(small) = &self.small {
-            drop(small.take(key, etag, size));
+            small.delivered(key, etag, size);
+        }
+    }
+
+    /// A request for `ino` (on a mount without opens, the first sign of a
+    /// loader at a file: Python's `open` sends an ioctl): what
+    /// [`Fs::small_delivered`] put in the page cache for it stops counting
+    /// against the small-object budget.
+    pub fn small_consumed(&self, ino: u64) {
+        if let (Some(small), Some(a)) = (&self.small, self.meta.inodes.get(ino)) {
+            small.consumed(&a.key);
         }
     }
 

@@ -1206,6 +1206,11 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         reply: ReplyIoctl,
     ) {
         let _turn = self.turn("ioctl");
+        if self.no_open.is_some() {
+            // Ending a push may send the next prefetch GETs.
+            let _rt = self.rt.enter();
+            self.fs.small_consumed(ino.0);
+        }
         debug!(ino = ino.0, cmd, "ioctl: not supported (ENOTTY)");
         reply.error(Errno::ENOTTY);
     }

@@ -112,6 +112,10 @@ struct Inner {
     opened: HashMap<String, Instant>,
     /// Directory prefix -> its last scan.
     scanned: HashMap<String, Scan>,
+    /// Objects put in the page cache ([`SmallPrefetch::delivered`]) and not
+    /// seen read yet: key -> (size, when sent, as in `order`). Still counted
+    /// in `unread`.
+    pushed: HashMap<String, (u64, Instant)>,
 }
 
 /// How often held objects are checked for [`UNREAD_TTL`] while nothing else
@@ -191,6 +195,9 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// own read fetches it); one held at another ETag is dropped.
     pub(crate) fn take(&self, key: &str, etag: &str, size: u64) -> Taken {
         let mut inner = self.inner.lock().unwrap();
+        if let Some((n, _)) = inner.pushed.remove(key) {
+            inner.unread -= n;
+        }
         inner.queued.remove(key);
         let before = remember(&mut inner.opened, key, Instant::now());
         let held = inner.held.remove(key);
@@ -218,27 +225,63 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             "in_flight"
         };
         metrics::counter!(m::SMALL_PREFETCH_HITS, "state" => state).increment(1);
-        if let Some(cache) = &self.cache {
-            // Written to the data cache once opened, as a reader's own GET
-            // would have been: here when the GET has ended (no task to
-            // wake), else by a task once it does.
-            let (_, ended, bytes) = held.part.wanted();
-            match bytes.result() {
-                Some(Ok(segs)) => cache.admit_object(key, etag, size, segs),
-                Some(Err(_)) => {}
-                None => {
-                    let (cache, key, etag) = (cache.clone(), key.to_string(), etag.to_string());
-                    tokio::spawn(async move {
-                        if ended.await.is_ok()
-                            && let Some(Ok(segs)) = bytes.result()
-                        {
-                            cache.admit_object(&key, &etag, size, segs);
-                        }
-                    });
-                }
+        self.admit(key, etag, size, &held.part);
+        Taken::Prefetched(held.part)
+    }
+
+    /// Writes a prefetched object to the data cache once opened, as a
+    /// reader's own GET would have been: here when the GET has ended (no
+    /// task to wake), else by a task once it does. Needs a runtime context.
+    fn admit(&self, key: &str, etag: &str, size: u64, part: &Part) {
+        let Some(cache) = &self.cache else { return };
+        let (_, ended, bytes) = part.wanted();
+        match bytes.result() {
+            Some(Ok(segs)) => cache.admit_object(key, etag, size, segs),
+            Some(Err(_)) => {}
+            None => {
+                let (cache, key, etag) = (cache.clone(), key.to_string(), etag.to_string());
+                tokio::spawn(async move {
+                    if ended.await.is_ok()
+                        && let Some(Ok(segs)) = bytes.result()
+                    {
+                        cache.admit_object(&key, &etag, size, segs);
+                    }
+                });
             }
         }
-        Taken::Prefetched(held.part)
+    }
+
+    /// Object `key` (at `etag`, `size` bytes), fetched by a prefetch GET,
+    /// was put in the kernel page cache of its inode (a mount without
+    /// opens): it is written to the data cache as an open's take would
+    /// write it, and stays counted as unread until the loader is seen at it
+    /// ([`Self::consumed`], or a read of it: [`Self::take`]) or
+    /// [`UNREAD_TTL`] passes, so the budget still bounds how far prefetch
+    /// runs ahead of the loader. Needs a runtime context.
+    pub(crate) fn delivered(&self, key: &str, etag: &str, size: u64) {
+        let mut inner = self.inner.lock().unwrap();
+        match inner.held.get(key) {
+            Some(h) if h.etag == etag && h.size == size && !h.part.failed() => {}
+            _ => return,
+        }
+        let held = inner.held.remove(key).expect("held above");
+        inner
+            .pushed
+            .insert(key.to_string(), (held.size, held.since));
+        drop(inner);
+        self.admit(key, etag, size, &held.part);
+    }
+
+    /// The loader was seen at `key` (a request for its inode): an object
+    /// put in the page cache for it no longer counts as unread.
+    pub(crate) fn consumed(&self, key: &str) {
+        let mut inner = self.inner.lock().unwrap();
+        let Some((n, _)) = inner.pushed.remove(key) else {
+            return;
+        };
+        inner.unread -= n;
+        drop(inner);
+        self.pump();
     }
 
     /// The first read of an open of small object `key` in directory
@@ -505,13 +548,17 @@ fn expire(inner: &mut Inner, now: Instant) -> Vec<HeldObject> {
     let mut out = Vec::new();
     while let Some((since, key)) = inner.order.front() {
         let current = inner.held.get(key).is_some_and(|h| h.since == *since);
-        if current && now.duration_since(*since) < UNREAD_TTL {
+        let pushed = inner.pushed.get(key).is_some_and(|p| p.1 == *since);
+        if (current || pushed) && now.duration_since(*since) < UNREAD_TTL {
             break;
         }
         if current && let Some(h) = inner.held.remove(key) {
             inner.unread -= h.size;
             metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => "expired").increment(1);
             out.push(h);
+        } else if pushed && let Some((n, _)) = inner.pushed.remove(key) {
+            // In the page cache, never seen read: its budget comes back.
+            inner.unread -= n;
         }
         inner.order.pop_front();
     }
