@@ -523,7 +523,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// is called, on the GET's task, with each object small-object
     /// read-ahead fetched whole whose inode the kernel holds at that version
     /// (inode, key, ETag, size in bytes, the object's bytes), to put in the
-    /// page cache; [`Fs::small_delivered`] then ends its prefetch. Without a
+    /// page cache; [`Fs::small_delivered`] is then told. Without a
     /// data cache an object the kernel dropped from its page cache before
     /// it was read would be fetched again, so nothing is registered: returns
     /// whether `f` was.
