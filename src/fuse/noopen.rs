@@ -1,0 +1,193 @@
+//! Reads of a mount without opens (`read.no_open`): the kernel sends no
+//! OPEN or RELEASE, so a read (file handle 0) uses the handle kept for its
+//! inode in [`InodeHandles`], opened at the inode's first read; and, with a
+//! data cache, small objects read-ahead fetches are pushed into the page
+//! cache before they are read.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use fuser::{Notifier, ReplyData};
+use tracing::warn;
+
+use super::handles::{self, InodeHandles};
+use super::iomode::fill_page_cache;
+use super::turns::Turn;
+use super::{FuseFs, errno, read_reply};
+use crate::fs::{Fs, FsError};
+use crate::store::{ObjectStore, WriteStore};
+
+/// The handle table of a mount without opens, and the task that releases
+/// its idle handles every [`handles::SWEEP_EVERY`] until the mount ends.
+pub(super) fn sweep_handles<S: ObjectStore + WriteStore>(
+    fs: &Arc<Fs<S>>,
+    rt: &tokio::runtime::Handle,
+) -> Arc<InodeHandles> {
+    let handles = Arc::new(InodeHandles::new(handles::MAX_HANDLES, handles::IDLE));
+    let (weak_fs, weak_handles) = (Arc::downgrade(fs), Arc::downgrade(&handles));
+    rt.spawn(async move {
+        loop {
+            tokio::time::sleep(handles::SWEEP_EVERY).await;
+            let (Some(fs), Some(handles)) = (weak_fs.upgrade(), weak_handles.upgrade()) else {
+                return;
+            };
+            for fh in handles.sweep() {
+                fs.release(fh, || ());
+            }
+        }
+    });
+    handles
+}
+
+/// A mount without opens with a data cache: each small object read-ahead
+/// fetches is put in its inode's page cache (FUSE_NOTIFY_STORE) as it
+/// arrives, by a thread of its own, so a loader's read of it needs no
+/// request at all. Its own thread: a store waits for page locks a READ of
+/// the same file may hold, and that READ's reply must not wait behind it.
+pub(super) fn push_prefetched<S: ObjectStore + WriteStore>(
+    fs: &Arc<Fs<S>>,
+    notifier: &Arc<OnceLock<Notifier>>,
+    rt: &tokio::runtime::Handle,
+) {
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, String, String, u64, bytes::Bytes)>();
+    let tx = Mutex::new(tx);
+    let registered = fs.on_small_fetched(move |ino, key, etag, size, bytes| {
+        let _ = tx
+            .lock()
+            .unwrap()
+            .send((ino, key.to_string(), etag.to_string(), size, bytes));
+    });
+    if !registered {
+        return;
+    }
+    let (fs, notifier, rt) = (Arc::downgrade(fs), notifier.clone(), rt.clone());
+    let spawned = std::thread::Builder::new()
+        .name("lakemount-push".into())
+        .spawn(move || {
+            // Ending a prefetch may send the next GETs.
+            let _rt = rt.enter();
+            for (ino, key, etag, size, bytes) in rx {
+                let (Some(fs), Some(n)) = (fs.upgrade(), notifier.get()) else {
+                    continue;
+                };
+                if fill_page_cache(n, ino, &bytes) {
+                    fs.small_delivered(&key, &etag, size);
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        warn!("no page-cache push of prefetched objects: {e}");
+    }
+}
+
+impl<S: ObjectStore + WriteStore> FuseFs<S> {
+    /// A read of a mount without opens (`read.no_open`, file handle 0):
+    /// with the handle kept for `ino`, or one opened now
+    /// ([`Fs::open_version_now`]; on the runtime when the attributes must
+    /// be confirmed first). Needs a runtime context.
+    pub(super) fn read_inode(
+        &self,
+        handles: &Arc<InodeHandles>,
+        ino: u64,
+        offset: u64,
+        size: u32,
+        turn: &Turn<'_>,
+        reply: ReplyData,
+    ) {
+        // A read that reached the end of the file may release the handle
+        // between its lookup and this read's start: open another.
+        loop {
+            let h = match handles.get(ino) {
+                Some(h) => h,
+                None => match self.fs.open_version_now(ino) {
+                    Some(Ok(o)) => keep_handle(&self.fs, handles, ino, &o),
+                    Some(Err(e)) => return reply.error(errno("read", &e)),
+                    None => return self.read_after_open(handles, ino, offset, size, reply),
+                },
+            };
+            match self.fs.begin_read(h.fh, offset, size) {
+                Ok(pending) => {
+                    if offset == 0 {
+                        handles.read_from_start(ino, h.fh);
+                    }
+                    let handles = handles.clone();
+                    let done = move |fs: &Fs<S>, r: &Result<bytes::Bytes, FsError>| {
+                        release_at_end(fs, &handles, ino, h, offset, r)
+                    };
+                    return self.answer_read(pending, turn, reply, done);
+                }
+                Err(FsError::BadHandle) => continue,
+                Err(e) => return reply.error(errno("read", &e)),
+            }
+        }
+    }
+
+    /// [`Self::read_inode`] of an inode whose attributes a listing must
+    /// confirm before its handle opens: all of it on the runtime.
+    fn read_after_open(
+        &self,
+        handles: &Arc<InodeHandles>,
+        ino: u64,
+        offset: u64,
+        size: u32,
+        reply: ReplyData,
+    ) {
+        let (fs, handles) = (self.fs.clone(), handles.clone());
+        self.rt.spawn(async move {
+            // As in `read_inode`: the handle may be released meanwhile.
+            loop {
+                let h = match handles.get(ino) {
+                    Some(h) => h,
+                    None => match fs.open_version(ino).await {
+                        Ok(o) => keep_handle(&fs, &handles, ino, &o),
+                        Err(e) => return reply.error(errno("read", &e)),
+                    },
+                };
+                if offset == 0 {
+                    handles.read_from_start(ino, h.fh);
+                }
+                let r = match fs.read(h.fh, offset, size).await {
+                    Err(FsError::BadHandle) => continue,
+                    r => r,
+                };
+                release_at_end(&fs, &handles, ino, h, offset, &r);
+                return read_reply(reply, r);
+            }
+        });
+    }
+}
+
+/// Keeps the handle `o` opened for `ino`, releasing those it pushes out.
+fn keep_handle<S: ObjectStore + WriteStore>(
+    fs: &Fs<S>,
+    handles: &InodeHandles,
+    ino: u64,
+    o: &crate::fs::Opened,
+) -> handles::Handle {
+    let (h, out) = handles.insert(ino, o.fh, o.size);
+    for fh in out {
+        fs.release(fh, || ());
+    }
+    h
+}
+
+/// After a read of `ino` at `offset` with its kept handle `h`: a read that
+/// reached the end of a file the handle also began a read at its start with
+/// (the bytes are in the page cache now) or that failed (the next read opens
+/// anew, with fresh attributes) releases it.
+fn release_at_end<S: ObjectStore + WriteStore>(
+    fs: &Fs<S>,
+    handles: &InodeHandles,
+    ino: u64,
+    h: handles::Handle,
+    offset: u64,
+    r: &Result<bytes::Bytes, FsError>,
+) {
+    let out = match r {
+        Ok(b) if offset + b.len() as u64 >= h.size => handles.remove_at_end(ino, h.fh),
+        Ok(_) => None,
+        Err(_) => handles.remove(ino, Some(h.fh)),
+    };
+    if let Some(fh) = out {
+        fs.release(fh, || ());
+    }
+}
