@@ -206,6 +206,17 @@ fn prefetched_objects_are_in_the_page_cache_before_they_are_read() {
         "reads came to lakemount"
     );
     assert_eq!(t.srv.request_count("GetObject"), 30);
+    // Pushed objects are hits, not unused read-ahead.
+    let hits = |t: &NoOpen| {
+        metric(
+            &scrape(&t.addr),
+            "lakemount_small_prefetch_hits_total{state=\"pushed\"}",
+        )
+    };
+    let counted = wait_for(Duration::from_secs(5), || hits(&t) >= fills(&t));
+    assert!(counted.is_some(), "{} hits, {} pushed", hits(&t), fills(&t));
+    let unused = metric(&scrape(&t.addr), "lakemount_prefetch_unused_bytes_total");
+    assert_eq!(unused, 0.0, "pushed bytes counted as unused");
 
     let t = mounted("noopenpush2", &files, "");
     assert_eq!(names(&t.m.p("p")).len(), 30);

@@ -264,11 +264,14 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             Some(h) if h.etag == etag && h.size == size && !h.part.failed() => {}
             _ => return,
         }
-        let held = inner.held.remove(key).expect("held above");
+        let mut held = inner.held.remove(key).expect("held above");
         inner
             .pushed
             .insert(key.to_string(), (held.size, held.since));
         drop(inner);
+        // Handed to the kernel whole: none of it is unused read-ahead.
+        let _ = held.part.deliver(0, u64::MAX);
+        metrics::counter!(m::SMALL_PREFETCH_HITS, "state" => "pushed").increment(1);
         self.admit(key, etag, size, &held.part);
     }
 

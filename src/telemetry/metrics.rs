@@ -61,10 +61,11 @@ pub const FUSE_READ_BYTES: &str = "lakemount_fuse_read_bytes_total";
 /// Counter: opens answered with FOPEN_DIRECT_IO (files of at least
 /// `read.direct_io_min_size` bytes): their reads bypass the page cache.
 pub const FUSE_DIRECT_IO_OPENS: &str = "lakemount_fuse_direct_io_opens_total";
-/// Counter: small objects put in the kernel page cache before their open was
-/// answered (FUSE_NOTIFY_STORE), label `result` (ok: the open kept the page
-/// cache and its reads need no request; failed: the kernel refused, the open
-/// is served as without).
+/// Counter: small objects put in the kernel page cache (FUSE_NOTIFY_STORE),
+/// label `result` (ok: their reads need no request; failed: the kernel
+/// refused, and they are read through lakemount). At their open; on a mount
+/// without opens (`read.no_open`, with a data cache), as small-object
+/// read-ahead fetches them.
 pub const PAGE_CACHE_FILLS: &str = "lakemount_page_cache_fills_total";
 /// Gauge: files open on the mount: opens (and creates) answered and not
 /// yet released, counted once the release's bookkeeping is done.
@@ -99,7 +100,9 @@ pub const SMALL_PREFETCH_OBJECTS: &str = "lakemount_small_prefetch_objects_total
 /// Counter: bytes of those objects.
 pub const SMALL_PREFETCH_BYTES: &str = "lakemount_small_prefetch_bytes_total";
 /// Counter: opens that found their object prefetched, label `state` (ready:
-/// its bytes were here; in_flight: its GET was under way and was shared).
+/// its bytes were here; in_flight: its GET was under way and was shared;
+/// pushed: on a mount without opens, put in the page cache before any read
+/// of it, so counted when pushed).
 pub const SMALL_PREFETCH_HITS: &str = "lakemount_small_prefetch_hits_total";
 /// Counter: prefetched objects dropped unread, label `reason` (expired: not
 /// opened in time; changed: opened at another ETag; failed: the GET failed;
@@ -108,7 +111,8 @@ pub const SMALL_PREFETCH_HITS: &str = "lakemount_small_prefetch_hits_total";
 pub const SMALL_PREFETCH_DROPPED: &str = "lakemount_small_prefetch_dropped_total";
 /// Gauge: small-object prefetch GETs in flight.
 pub const SMALL_PREFETCH_IN_FLIGHT: &str = "lakemount_small_prefetch_in_flight";
-/// Gauge: bytes of small objects prefetched (or being fetched) and not opened.
+/// Gauge: bytes of small objects prefetched (or being fetched) and not opened;
+/// on a mount without opens, pushed ones until the loader is seen at them.
 pub const SMALL_PREFETCH_UNREAD_BYTES: &str = "lakemount_small_prefetch_unread_bytes";
 
 /// Counter: directory-listing cache lookups, label `result` (hit, miss).
