@@ -523,7 +523,8 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// is called, on the GET's task, with each object small-object
     /// read-ahead fetched whole whose inode the kernel holds at that version
     /// (inode, key, ETag, size in bytes, the object's bytes), to put in the
-    /// page cache; [`Fs::small_delivered`] is then told. Without a
+    /// page cache; [`Fs::small_delivered`] is then told. Objects over
+    /// [`MAX_FILL`] bytes are not given: they are read as usual. Without a
     /// data cache an object the kernel dropped from its page cache before
     /// it was read would be fetched again, so nothing is registered: returns
     /// whether `f` was.
@@ -536,7 +537,8 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         };
         let meta = self.meta.clone();
         small.on_fetched(move |key, etag, size, bytes| {
-            if let Some(ino) = inode_of_key(&meta.inodes, key)
+            if size <= MAX_FILL
+                && let Some(ino) = inode_of_key(&meta.inodes, key)
                 && meta
                     .inodes
                     .get(ino)
