@@ -112,9 +112,6 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
     ) -> Self {
         let no_open = no_open.then(|| sweep_handles(&fs, &rt));
         let notifier = Arc::new(OnceLock::new());
-        if no_open.is_some() {
-            push_prefetched(&fs, &notifier, &rt);
-        }
         Self {
             fs,
             rt,
@@ -324,6 +321,11 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
                 "read.no_open: the kernel lacks FUSE no-open support (Linux 4.19+); opens stay on"
             );
             self.no_open = None;
+        }
+        if self.no_open.is_some() {
+            // Only once the kernel keeps page caches across opens: with
+            // opens, a push would be dropped at the next open.
+            push_prefetched(&self.fs, &self.notifier, &self.rt);
         }
         let _ = config.set_max_readahead(MAX_READAHEAD);
         let _ = config.set_max_background(MAX_BACKGROUND);
