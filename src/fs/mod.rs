@@ -371,7 +371,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         if let Some(staged) = self.staged_attr(&attr) {
             return Ok(staged);
         }
-        if attr.kind == EntryKind::Dir || attr.validated.elapsed() < self.meta.config().ttl() {
+        if attr.kind == EntryKind::Dir || self.is_fresh(&attr) {
             return Ok(attr);
         }
         let name = &attr.key[attr.parent_prefix.len()..];
@@ -490,19 +490,14 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
                 Some(Err(FsError::ReadOnly))
             };
         }
-        let attr = match self.meta.inodes.get(ino) {
-            None => return Some(Err(FsError::NotFound)),
-            Some(a) if a.kind == EntryKind::Dir => return Some(Err(FsError::IsDir)),
-            Some(a)
-                if self
-                    .writes
-                    .as_ref()
-                    .is_some_and(|w| w.staged(&a.key).is_some()) =>
-            {
-                return None;
-            }
-            Some(a) if a.validated.elapsed() < self.meta.config().ttl() => a,
-            Some(_) => return None,
+        let staged = |a: &Attr| {
+            self.writes
+                .as_ref()
+                .is_some_and(|w| w.staged(&a.key).is_some())
+        };
+        let attr = match self.file_attr_now(ino, |a| !staged(a) && self.is_fresh(a))? {
+            Ok(a) => a,
+            Err(e) => return Some(Err(e)),
         };
         if let Err(e) = self.check_open(ino, &attr) {
             return Some(Err(e));
@@ -578,18 +573,32 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// attributes are older than the metadata TTL ([`Fs::open_version`]
     /// confirms them). Errors: ENOENT, EISDIR.
     pub fn open_version_now(&self, ino: u64) -> Option<Result<Opened, FsError>> {
-        let attr = match self.meta.inodes.get(ino) {
-            None => return Some(Err(FsError::NotFound)),
-            Some(a) if a.kind == EntryKind::Dir => return Some(Err(FsError::IsDir)),
-            Some(a)
-                if a.validated.elapsed() < self.meta.config().ttl()
-                    || self.meta.inodes.superseded(ino) =>
-            {
-                a
-            }
-            Some(_) => return None,
-        };
-        Some(Ok(self.open_file(ino, &attr, None, Fill::Never)))
+        let superseded = || self.meta.inodes.superseded(ino);
+        Some(
+            self.file_attr_now(ino, |a| self.is_fresh(a) || superseded())?
+                .map(|attr| self.open_file(ino, &attr, None, Fill::Never)),
+        )
+    }
+
+    /// The attributes of file `ino` when `usable` accepts them as they are
+    /// (no listing to wait for); `None` when it does not. Errors: ENOENT,
+    /// EISDIR.
+    fn file_attr_now(
+        &self,
+        ino: u64,
+        usable: impl FnOnce(&Attr) -> bool,
+    ) -> Option<Result<Attr, FsError>> {
+        match self.meta.inodes.get(ino) {
+            None => Some(Err(FsError::NotFound)),
+            Some(a) if a.kind == EntryKind::Dir => Some(Err(FsError::IsDir)),
+            Some(a) if usable(&a) => Some(Ok(a)),
+            Some(_) => None,
+        }
+    }
+
+    /// Whether `a` was confirmed by a listing within the metadata TTL.
+    fn is_fresh(&self, a: &Attr) -> bool {
+        a.validated.elapsed() < self.meta.config().ttl()
     }
 
     /// [`Fs::open_version_now`] after confirming stale attributes by a
