@@ -131,8 +131,8 @@ pub struct Opened {
 /// the table holds every directory on the way and the name.
 fn inode_of_key(inodes: &crate::meta::inode::InodeTable, key: &str) -> Option<u64> {
     let mut ino = crate::meta::inode::ROOT_INO;
-    let root = inodes.get(ino)?.key;
-    for name in key.strip_prefix(root.as_str())?.split('/') {
+    let root = inodes.with(ino, |r| key.starts_with(&r.key).then_some(r.key.len()))??;
+    for name in key[root..].split('/') {
         ino = inodes.child(ino, name)?;
     }
     Some(ino)
@@ -534,10 +534,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         small.on_fetched(move |key, etag, size, bytes| {
             if size <= MAX_FILL
                 && let Some(ino) = inode_of_key(&meta.inodes, key)
-                && meta
-                    .inodes
-                    .get(ino)
-                    .is_some_and(|a| a.etag == etag && a.size == size)
+                && meta.inodes.with(ino, |a| a.etag == etag && a.size == size) == Some(true)
             {
                 f(ino, key, etag, size, bytes);
             }
@@ -560,8 +557,10 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// [`Fs::small_delivered`] put in the page cache for it stops counting
     /// against the small-object budget.
     pub fn small_consumed(&self, ino: u64) {
-        if let (Some(small), Some(a)) = (&self.small, self.meta.inodes.get(ino)) {
-            small.consumed(&a.key);
+        if let Some(small) = &self.small
+            && let Some(key) = self.meta.inodes.with(ino, |a| a.key.clone())
+        {
+            small.consumed(&key);
         }
     }
 

@@ -107,12 +107,19 @@ impl InodeTable {
 
     /// Attributes of `ino`, or `None` when the kernel has forgotten it.
     pub fn get(&self, ino: u64) -> Option<Attr> {
+        self.with(ino, Attr::clone)
+    }
+
+    /// `f` of the attributes of `ino`, under the table's lock (so `f` must
+    /// not take it): for a caller that needs a field or a comparison, not
+    /// a copy of every string. `None` for an unknown inode.
+    pub fn with<R>(&self, ino: u64, f: impl FnOnce(&Attr) -> R) -> Option<R> {
         self.table
             .lock()
             .unwrap()
             .inodes
             .get(&ino)
-            .map(|i| i.attr.clone())
+            .map(|i| f(&i.attr))
     }
 
     /// Records that `entry` is the child `name` of `parent` as a listing of
