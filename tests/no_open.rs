@@ -255,22 +255,27 @@ fn pushed_objects_hold_the_budget_until_the_loader_gets_to_them() {
     std::thread::sleep(Duration::from_millis(300));
     let held = fills();
     assert!((1.0..=3.0).contains(&held), "{held} pushed with room for 3");
-    // Opened as Python opens: TCGETS (isatty) first, then read.
-    for (k, d) in &files[1..] {
+    // Opened as Python opens: TCGETS (isatty) first, then read. Each file
+    // the loader gets to gives its budget to the next object, which is
+    // fetched and pushed before the loader reads on.
+    for (i, (k, d)) in files.iter().enumerate().skip(1) {
         let f = std::fs::File::open(t.m.p(k)).unwrap();
         use std::os::fd::AsRawFd;
         let mut tio = std::mem::MaybeUninit::<libc::termios>::uninit();
         // SAFETY: TCGETS into a termios buffer of the right size.
         let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::TCGETS, tio.as_mut_ptr()) };
         assert_eq!(r, -1, "a regular file is no terminal");
+        let want = (held + i as f64).min(29.0);
+        let next = wait_for(Duration::from_secs(5), || fills() >= want);
+        assert!(
+            next.is_some(),
+            "{} pushed after {i} files, want {want}",
+            fills()
+        );
         let mut got = Vec::new();
         use std::io::Read;
         (&f).read_to_end(&mut got).unwrap();
         assert!(got == *d, "{k} differs");
     }
-    assert!(
-        fills() >= 20.0,
-        "{} pushed after the loader moved on",
-        fills()
-    );
+    assert_eq!(fills(), 29.0, "pushed other than each object once");
 }
