@@ -228,6 +228,51 @@ fn prefetched_objects_are_in_the_page_cache_before_they_are_read() {
     assert_eq!(fills(&t), 0.0, "pushed without a data cache");
 }
 
+/// Objects over 1 MiB are not pushed, even when `read.small_max_size`
+/// makes them small: their reads come to lakemount, with the right bytes.
+#[test]
+fn objects_over_one_mib_are_not_pushed() {
+    let mut files: Vec<(String, Vec<u8>)> = (0..6)
+        .map(|i| (format!("l/s{i}.jpg"), data(5_000, 900 + i as u64)))
+        .collect();
+    files.push(("l/z-big.bin".into(), data(1_572_864, 999)));
+    let dir = TempDir::new("noopen-pushbig");
+    let more = format!(
+        "small_max_size = 2097152\n[cache]\ndir = \"{}\"\n",
+        dir.0.join("c").display()
+    );
+    let t = mounted("noopenpushbig", &files, &more);
+    let fills = || {
+        metric(
+            &scrape(&t.addr),
+            "lakemount_page_cache_fills_total{result=\"ok\"}",
+        )
+    };
+    assert_eq!(names(&t.m.p("l")).len(), 7);
+    assert!(std::fs::read(t.m.p(&files[0].0)).unwrap() == files[0].1);
+    // The first read's own GET, then the other five small ones and the
+    // large one, prefetched.
+    let fetched = wait_for(Duration::from_secs(10), || {
+        t.srv.request_count("GetObject") >= 7
+    });
+    assert!(
+        fetched.is_some(),
+        "{} GETs",
+        t.srv.request_count("GetObject")
+    );
+    wait_for(Duration::from_secs(5), || fills() >= 5.0);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(fills(), 5.0, "pushed other than the five small objects");
+    let reads = op(&scrape(&t.addr), "read");
+    let (k, d) = files.last().unwrap();
+    assert!(std::fs::read(t.m.p(k)).unwrap() == *d, "{k} differs");
+    assert!(
+        op(&scrape(&t.addr), "read") > reads,
+        "the large object was in the page cache"
+    );
+    assert_eq!(t.srv.request_count("GetObject"), 7, "read from S3 again");
+}
+
 /// Objects pushed to the page cache still count against the small-object
 /// budget until the loader is seen at them (Python's `open` sends an ioctl,
 /// TCGETS, for each file): prefetch does not run ahead of the loader by

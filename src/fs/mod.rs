@@ -221,10 +221,12 @@ pub const XATTR_CACHE_LIMIT: &str = "user.lakemount.cache_limit";
 
 /// `.` and `..` take offsets 1 and 2; entry `i` of a listing takes `i + 3`.
 const FIRST_ENTRY_OFFSET: u64 = 3;
-/// Largest object an open puts in the page cache itself ([`Opened::fill`]),
-/// bytes: the store is a copy made before the open is answered, so it is
-/// kept to what small-object read-ahead handles by default
-/// (`read.small_max_size`, which may be set up to 64 MiB).
+/// Largest object put in the page cache by lakemount itself, bytes: by an
+/// open ([`Opened::fill`]), where the store is a copy made before the open
+/// is answered, and by the push of a mount without opens
+/// ([`Fs::on_small_fetched`]), one thread storing for the whole mount. Kept
+/// to what small-object read-ahead handles by default (`read.small_max_size`,
+/// which may be set up to 64 MiB); larger objects are read as usual.
 const MAX_FILL: u64 = 1 << 20;
 
 impl<S: ObjectStore + WriteStore> Fs<S> {
@@ -518,8 +520,8 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// is called, on the GET's task, with each object small-object
     /// read-ahead fetched whole whose inode the kernel holds at that version
     /// (inode, key, ETag, size in bytes, the object's bytes), to put in the
-    /// page cache; [`Fs::small_delivered`] is then told. Objects over
-    /// [`MAX_FILL`] bytes are not given: they are read as usual. Without a
+    /// page cache; [`Fs::small_delivered`] is then told. Objects over 1 MiB
+    /// are not given: they are read as usual. Without a
     /// data cache an object the kernel dropped from its page cache before
     /// it was read would be fetched again, so nothing is registered: returns
     /// whether `f` was.
