@@ -176,7 +176,7 @@ fn render(v: &Value, prev: Option<(Duration, &Value)>) -> String {
     let ra = &v["read_ahead"];
     out += &format!(
         "read-ahead  {} of the {} memory budget in use; {} fetched and dropped unread; \
-         small objects prefetched {}, opened from prefetch {}, unread {}\n",
+         small objects prefetched {}, prefetch hits {}, unread {}\n",
         bytes(&ra["memory_in_use_bytes"]),
         bytes(&ra["memory_budget_bytes"]),
         bytes(&ra["waste_bytes"]),

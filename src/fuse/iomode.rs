@@ -163,7 +163,7 @@ pub(super) enum Served<'a> {
     /// join them, nor be served by lakemount beside them (the kernel would
     /// fail it with EIO, `fuse_file_io_open` in fs/fuse/iomode.c). ETXTBSY.
     /// Writers are refused before they stage anything
-    /// ([`FuseFs::write_conflicts`]); this is the answer to a race with it.
+    /// ([`super::FuseFs::write_conflicts`]); this is the answer to a race with it.
     Busy,
 }
 
@@ -265,7 +265,7 @@ pub(super) struct Serving<'a> {
     pub(super) io: &'a IoTable,
     /// Whether passthrough is on.
     pub(super) on: &'a PassthroughOn,
-    /// [`FuseFs::direct_io_min_size`].
+    /// [`super::FuseFs::direct_io_min_size`].
     pub(super) direct_io_min_size: u64,
     /// Fills the page cache with a small object's bytes ([`fill_page_cache`]).
     pub(super) notifier: Option<&'a Notifier>,
@@ -319,13 +319,16 @@ pub(super) fn open_reply<S: ObjectStore + WriteStore>(
 }
 
 /// Puts all of a small object's `bytes` in the kernel page cache of `ino`
-/// (FUSE_NOTIFY_STORE) before its open is answered, so that the open may keep
-/// the page cache and its reads need no request. Only for an open that no
-/// other open of the inode shares ([`choose_mode`]). Returns whether the
-/// kernel took them all. On an error the open keeps the page cache only if
-/// it held this same version already (`Opened::keep_cache`); else the open
-/// drops whatever part was stored. fuser reports the kernel's ENOENT (no
-/// such inode in its cache) as success; an inode being opened is in it.
+/// (FUSE_NOTIFY_STORE), so that its reads need no request. Called before an
+/// open is answered, for an open that no other open of the inode shares
+/// ([`choose_mode`]), and on a mount without opens by the push of prefetched
+/// objects ([`super::noopen::push_prefetched`]). Returns whether the kernel
+/// took them all. On an error an open keeps the page cache only if it held
+/// this same version already (`Opened::keep_cache`); else the open drops
+/// whatever part was stored. fuser reports the kernel's ENOENT (no such
+/// inode in its cache) as success: an inode being opened is in it, and the
+/// push only stores into inodes the kernel was told of and has not
+/// forgotten at the time it checks (a race with a FORGET counts as stored).
 pub(super) fn fill_page_cache(notifier: &Notifier, ino: u64, bytes: &bytes::Bytes) -> bool {
     let ok = match notifier.store(INodeNo(ino), 0, bytes) {
         Ok(()) => true,

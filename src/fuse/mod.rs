@@ -3,9 +3,12 @@
 //! tokio runtime and replies from there, so no FUSE session thread ever waits
 //! on the network; what needs no waiting is answered on the session thread
 //! itself: a read whose bytes are already read ahead, an open with fresh
-//! attributes, a lookup or getattr from cached metadata. The only module that
-//! touches fuser's request and reply types. One session thread reads
-//! requests from the kernel at a time ([`turns`]).
+//! attributes, a lookup or getattr from cached metadata. This module and its
+//! submodules are the only ones that touch fuser's request and reply types:
+//! [`iomode`] (the I/O mode of each open file and the open replies),
+//! [`noopen`] (reads of a mount without opens), [`handles`] (its handle per
+//! inode) and [`turns`] (one session thread reads requests from the kernel
+//! at a time).
 
 use std::ffi::OsStr;
 use std::sync::atomic::Ordering;

@@ -257,7 +257,9 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// write it, and stays counted as unread until the loader is seen at it
     /// ([`Self::consumed`], or a read of it: [`Self::take`]) or
     /// [`UNREAD_TTL`] passes, so the budget still bounds how far prefetch
-    /// runs ahead of the loader. Needs a runtime context.
+    /// runs ahead of the loader. Counted as a hit now (state `pushed`), and
+    /// none of its bytes as unused: whether the page cache kept it until the
+    /// loader read it is not known here. Needs a runtime context.
     pub(crate) fn delivered(&self, key: &str, etag: &str, size: u64) {
         let mut inner = self.inner.lock().unwrap();
         match inner.held.get(key) {
@@ -546,7 +548,9 @@ impl<S: ObjectStore> SmallPrefetch<S> {
 }
 
 /// Removes held objects sent at or before `now - UNREAD_TTL` and returns
-/// them (counted as dropped; their bytes as unused read-ahead).
+/// them (counted as dropped; their bytes as unused read-ahead). Pushed
+/// objects the loader was never seen at stop counting against the budget;
+/// they were counted as hits when pushed, so nothing else counts them.
 fn expire(inner: &mut Inner, now: Instant) -> Vec<HeldObject> {
     let mut out = Vec::new();
     while let Some((since, key)) = inner.order.front() {
