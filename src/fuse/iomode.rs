@@ -54,6 +54,15 @@ struct Shared {
     staged: Option<Arc<std::fs::File>>,
 }
 
+/// The backing file an inode's passthrough opens share
+/// ([`IoTable::shared_backing`]).
+pub(super) enum SharedBacking {
+    /// A cached object's file in the data cache.
+    Cached,
+    /// A staged file's data file.
+    Staged(Arc<std::fs::File>),
+}
+
 /// Per-inode bookkeeping of I/O modes. The kernel fails an open (EIO to the
 /// caller) whose mode conflicts with the inode's other open files: a
 /// passthrough open while page-cache opens exist, any open but a passthrough
@@ -98,12 +107,14 @@ impl IoTable {
         self.lock().inodes.get(&ino).is_some_and(|e| e.filling)
     }
 
-    /// The staged file the passthrough opens of `ino` share: `None` when
-    /// it has none, `Some(None)` when they share a cached object's file.
-    pub(super) fn shared_staged(&self, ino: u64) -> Option<Option<Arc<std::fs::File>>> {
+    /// What the passthrough opens of `ino` share; `None` when it has none.
+    pub(super) fn shared_backing(&self, ino: u64) -> Option<SharedBacking> {
         let io = self.lock();
         let b = io.inodes.get(&ino)?.backing.as_ref()?;
-        Some(b.staged.clone())
+        Some(match &b.staged {
+            Some(f) => SharedBacking::Staged(f.clone()),
+            None => SharedBacking::Cached,
+        })
     }
 
     /// Forgets open file `fh` at its release.

@@ -32,7 +32,7 @@ mod iomode;
 mod noopen;
 mod turns;
 use handles::InodeHandles;
-use iomode::{IoTable, PassthroughOn, Served, Serving, choose_mode, open_reply};
+use iomode::{IoTable, PassthroughOn, Served, Serving, SharedBacking, choose_mode, open_reply};
 use noopen::{push_prefetched, sweep_handles};
 use turns::{Turn, Turns};
 
@@ -175,12 +175,13 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
     /// under its name (uploaded since). Such a change is refused (ETXTBSY)
     /// before staging touches anything.
     fn write_conflicts(&self, ino: u64) -> bool {
-        let Some(shared) = self.io.shared_staged(ino) else {
-            return false;
-        };
-        match (shared, self.fs.staged_data_file(ino)) {
-            (Some(mine), Some(now)) => !Arc::ptr_eq(&mine, &now),
-            _ => true,
+        match self.io.shared_backing(ino) {
+            None => false,
+            Some(SharedBacking::Cached) => true,
+            Some(SharedBacking::Staged(mine)) => self
+                .fs
+                .staged_data_file(ino)
+                .is_none_or(|now| !Arc::ptr_eq(&mine, &now)),
         }
     }
 }
