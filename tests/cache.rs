@@ -55,19 +55,34 @@ fn blocks(dir: &Path) -> usize {
         + packed(dir)
 }
 
-/// Waits until the cache in `dir` holds `n` blocks (writes are asynchronous).
-fn wait_blocks(dir: &Path, n: usize) {
+/// Waits until the cache in `dir` of mount `m` holds `n` blocks (writes are
+/// asynchronous).
+fn wait_blocks(m: &Mount, dir: &Path, n: usize) {
     let got = wait_for(Duration::from_secs(30), || blocks(dir) >= n);
     assert!(
         got.is_some(),
-        "cache holds {} blocks, expected {n}",
-        blocks(dir)
+        "cache holds {} blocks, expected {n}; {}",
+        blocks(dir),
+        why_not_written(m, dir)
     );
 }
 
-/// Waits until `n` objects of the cache in `dir` are sealed (whole and
-/// checked: what passthrough serves).
-fn wait_sealed(dir: &Path, n: usize) {
+/// What a failed wait for cache writes prints: the free space of the
+/// cache's file system (the limit follows it) and the mount's log (skipped
+/// writes and I/O errors are logged).
+fn why_not_written(m: &Mount, dir: &Path) -> String {
+    let free = Command::new("df")
+        .args(["-B1", "--output=avail"])
+        .arg(dir)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).replace('\n', " "))
+        .unwrap_or_default();
+    format!("df avail: {free}; mount log:\n{}", m.log())
+}
+
+/// Waits until `n` objects of the cache in `dir` of mount `m` are sealed
+/// (whole and checked: what passthrough serves).
+fn wait_sealed(m: &Mount, dir: &Path, n: usize) {
     let sealed = || {
         objects(dir)
             .iter()
@@ -75,7 +90,12 @@ fn wait_sealed(dir: &Path, n: usize) {
             .count()
     };
     let got = wait_for(Duration::from_secs(30), || sealed() >= n);
-    assert!(got.is_some(), "{} objects sealed, expected {n}", sealed());
+    assert!(
+        got.is_some(),
+        "{} objects sealed, expected {n}; {}",
+        sealed(),
+        why_not_written(m, dir)
+    );
 }
 
 /// A `[cache]` section for `dir` plus `extra` keys. Unless `extra` sets it,
@@ -132,7 +152,7 @@ fn epoch_two_and_a_restart_read_from_disk_with_no_get() {
         assert!(read(&m, k) == *d, "epoch 1: {k} differs");
     }
     // 4 blocks of the shard + 2 small files; the empty file has none.
-    wait_blocks(&cache, 6);
+    wait_blocks(&m, &cache, 6);
     let mode = std::fs::metadata(cache.join("lakemount-v2"))
         .unwrap()
         .permissions()
@@ -175,7 +195,7 @@ fn kill_9_then_remount_reads_with_no_get(tag: &str, n: usize, size: fn(usize) ->
     let mut m = mount_cached(&srv, &b, &cache, "");
     read_all(&m);
     let blocks_of = |i: usize| size(i).div_ceil(1 << 20);
-    wait_blocks(&cache, (0..n).map(blocks_of).sum());
+    wait_blocks(&m, &cache, (0..n).map(blocks_of).sum());
     let mut child = m.child.take().unwrap();
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
@@ -251,7 +271,7 @@ fn same_size_overwrite_is_read_new_after_the_metadata_ttl() {
         ))
         .mount();
     assert!(read(&m, "x.bin") == old);
-    wait_blocks(&cache, 1);
+    wait_blocks(&m, &cache, 1);
     server().put(&b, "x.bin", new.clone());
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
@@ -271,7 +291,7 @@ fn corrupt_and_truncated_pieces_are_refetched() {
     let extra = "block_size = 65536\nmemory_size = 0\n";
     let m = mount_cached(&srv, &b, &cache, extra);
     assert!(read(&m, "x.bin") == d);
-    wait_blocks(&cache, 4);
+    wait_blocks(&m, &cache, 4);
     drop(m);
     let objs = objects(&cache);
     assert_eq!(objs.len(), 1);
@@ -323,7 +343,7 @@ fn packed_small_files_refetch_a_corrupt_one_and_keep_the_limit() {
     for i in 0..20 {
         assert!(read(&m, &format!("d{}/f{i:03}.jpg", i % 3)) == file(i));
     }
-    wait_blocks(&cache, 20);
+    wait_blocks(&m, &cache, 20);
     drop(m);
     assert!(
         objects(&cache).is_empty(),
@@ -474,7 +494,7 @@ fn a_cache_at_its_free_space_reserve_says_so_and_resumes() {
     std::fs::remove_file(&filler).unwrap();
     std::thread::sleep(Duration::from_millis(1200));
     assert!(read(&m, "f1") == files[1], "f1 differs");
-    wait_blocks(&cache, 4);
+    wait_blocks(&m, &cache, 4);
     assert!(m.log().contains("data cache storing again"), "{}", m.log());
     // The disk fills up again while the cache holds pieces: it keeps serving
     // (and would evict to store), so that is no "not storing" episode.
@@ -548,7 +568,7 @@ fn warm_fills_the_cache_reports_and_guards_its_size() {
     let o = warm(&[one.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("warmed 1 files"));
-    wait_blocks(&cache, 1);
+    wait_blocks(&m, &cache, 1);
     let o = warm(&[set, "-j", "4"]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -560,7 +580,7 @@ fn warm_fills_the_cache_reports_and_guards_its_size() {
         out.starts_with("warmed 11 files") && out.contains("already cached: 1 files"),
         "{out}"
     );
-    wait_blocks(&cache, 12);
+    wait_blocks(&m, &cache, 12);
     let o = warm(&[set]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -617,7 +637,7 @@ fn fully_cached_files_are_read_by_the_kernel_through_passthrough() {
     for (k, d) in &files {
         assert!(read(&m, k) == *d, "epoch 1: {k} differs");
     }
-    wait_sealed(&cache, 2);
+    wait_sealed(&m, &cache, 2);
     let before = scrape(&addr);
     srv.reset_counts();
     for (k, d) in &files {
@@ -680,7 +700,7 @@ fn an_overwrite_while_a_passthrough_handle_is_open_is_read_new_by_new_opens() {
     );
     let (m, addr) = mount_with_metrics(&srv, &b, &toml);
     assert!(read(&m, "x.bin") == old);
-    wait_sealed(&cache, 1);
+    wait_sealed(&m, &cache, 1);
     // A reader holds the old version open by passthrough...
     let mut a = std::fs::File::open(m.p("x.bin")).unwrap();
     let body = scrape(&addr);
@@ -739,7 +759,7 @@ fn direct_io_and_passthrough_opens_of_one_file_never_conflict() {
     let mut got = Vec::new();
     h1.read_to_end(&mut got).unwrap();
     assert!(got == d, "direct read differs");
-    wait_sealed(&cache, 1);
+    wait_sealed(&m, &cache, 1);
     let mut h2 = std::fs::File::open(m.p("shard.tar")).unwrap();
     let body = scrape(&addr);
     assert_eq!(
@@ -806,8 +826,8 @@ fn small_files_are_read_through_lakemount_not_passed_through() {
     let (m, _) = mount_with_metrics(&srv, &b, &toml);
     assert!(read(&m, "a.jpg") == small);
     assert!(read(&m, "shard.tar") == large);
-    wait_sealed(&cache, 1);
-    wait_blocks(&cache, 4);
+    wait_sealed(&m, &cache, 1);
+    wait_blocks(&m, &cache, 4);
     drop(m);
     let (m, addr) = mount_with_metrics(&srv, &b, &toml);
     srv.reset_counts();
@@ -877,7 +897,7 @@ fn cached_files_keep_reading_while_s3_fails() {
     let m = mount_cached(&srv, &b, &cache, STALE_TEST_KEYS);
     assert!(read(&m, "d/big") == files[0].1);
     assert!(read(&m, "d/small") == files[1].1);
-    wait_blocks(&cache, 2);
+    wait_blocks(&m, &cache, 2);
     std::thread::sleep(Duration::from_millis(1500));
     for op in ["ListObjectsV2", "GetObject", "HeadObject"] {
         srv.fail_next(op, 503, 100_000);
@@ -915,7 +935,7 @@ fn cached_files_keep_reading_after_s3_stops() {
     let cache = dir.0.join("c");
     let m = mount_cached(&srv, &b, &cache, STALE_TEST_KEYS);
     assert!(read(&m, "d/big") == data(300_000, 71));
-    wait_blocks(&cache, 1);
+    wait_blocks(&m, &cache, 1);
     srv.shutdown();
     std::thread::sleep(Duration::from_millis(1500));
     drop_page_cache(&m.p("d/big"));
