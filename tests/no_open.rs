@@ -38,6 +38,14 @@ fn mounted(tag: &str, objects: &[(String, Vec<u8>)], more: &str) -> NoOpen {
     NoOpen { m, addr, b, srv }
 }
 
+/// Small objects the mount put in the page cache (`result="ok"`).
+fn fills(t: &NoOpen) -> f64 {
+    metric(
+        &scrape(&t.addr),
+        "lakemount_page_cache_fills_total{result=\"ok\"}",
+    )
+}
+
 fn op(body: &str, op: &str) -> f64 {
     metric(
         body,
@@ -185,12 +193,6 @@ fn prefetched_objects_are_in_the_page_cache_before_they_are_read() {
     let dir = TempDir::new("noopen-push");
     let more = format!("[cache]\ndir = \"{}\"\n", dir.0.join("c").display());
     let t = mounted("noopenpush", &files, &more);
-    let fills = |t: &NoOpen| {
-        metric(
-            &scrape(&t.addr),
-            "lakemount_page_cache_fills_total{result=\"ok\"}",
-        )
-    };
     // `ls` first, as a loader's index does: the kernel then holds every inode.
     assert_eq!(names(&t.m.p("p")).len(), 30);
     assert!(std::fs::read(t.m.p(&files[0].0)).unwrap() == files[0].1);
@@ -242,12 +244,6 @@ fn objects_over_one_mib_are_not_pushed() {
         dir.0.join("c").display()
     );
     let t = mounted("noopenpushbig", &files, &more);
-    let fills = || {
-        metric(
-            &scrape(&t.addr),
-            "lakemount_page_cache_fills_total{result=\"ok\"}",
-        )
-    };
     assert_eq!(names(&t.m.p("l")).len(), 7);
     assert!(std::fs::read(t.m.p(&files[0].0)).unwrap() == files[0].1);
     // The first read's own GET, then the other five small ones and the
@@ -260,9 +256,9 @@ fn objects_over_one_mib_are_not_pushed() {
         "{} GETs",
         t.srv.request_count("GetObject")
     );
-    wait_for(Duration::from_secs(5), || fills() >= 5.0);
+    wait_for(Duration::from_secs(5), || fills(&t) >= 5.0);
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(fills(), 5.0, "pushed other than the five small objects");
+    assert_eq!(fills(&t), 5.0, "pushed other than the five small objects");
     let reads = op(&scrape(&t.addr), "read");
     let (k, d) = files.last().unwrap();
     assert!(std::fs::read(t.m.p(k)).unwrap() == *d, "{k} differs");
@@ -288,17 +284,11 @@ fn pushed_objects_hold_the_budget_until_the_loader_gets_to_them() {
         dir.0.join("c").display()
     );
     let t = mounted("noopenpushb", &files, &more);
-    let fills = || {
-        metric(
-            &scrape(&t.addr),
-            "lakemount_page_cache_fills_total{result=\"ok\"}",
-        )
-    };
     assert_eq!(names(&t.m.p("q")).len(), 30);
     assert!(std::fs::read(t.m.p(&files[0].0)).unwrap() == files[0].1);
-    wait_for(Duration::from_secs(5), || fills() >= 3.0);
+    wait_for(Duration::from_secs(5), || fills(&t) >= 3.0);
     std::thread::sleep(Duration::from_millis(300));
-    let held = fills();
+    let held = fills(&t);
     assert!((1.0..=3.0).contains(&held), "{held} pushed with room for 3");
     // Opened as Python opens: TCGETS (isatty) first, then read. Each file
     // the loader gets to gives its budget to the next object, which is
@@ -311,16 +301,16 @@ fn pushed_objects_hold_the_budget_until_the_loader_gets_to_them() {
         let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::TCGETS, tio.as_mut_ptr()) };
         assert_eq!(r, -1, "a regular file is no terminal");
         let want = (held + i as f64).min(29.0);
-        let next = wait_for(Duration::from_secs(5), || fills() >= want);
+        let next = wait_for(Duration::from_secs(5), || fills(&t) >= want);
         assert!(
             next.is_some(),
             "{} pushed after {i} files, want {want}",
-            fills()
+            fills(&t)
         );
         let mut got = Vec::new();
         use std::io::Read;
         (&f).read_to_end(&mut got).unwrap();
         assert!(got == *d, "{k} differs");
     }
-    assert_eq!(fills(), 29.0, "pushed other than each object once");
+    assert_eq!(fills(&t), 29.0, "pushed other than each object once");
 }
