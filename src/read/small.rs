@@ -116,6 +116,10 @@ struct Inner {
     /// seen read yet: key -> (size, when sent, as in `order`). Still counted
     /// in `unread`.
     pushed: HashMap<String, (u64, Instant)>,
+    /// Keys of `held` the loader was seen at ([`SmallPrefetch::consumed`])
+    /// before their push: a push that lands later frees their budget at
+    /// once, as no later sign of the loader would.
+    seen_early: HashSet<String>,
 }
 
 /// How often held objects are checked for [`UNREAD_TTL`] while nothing else
@@ -195,10 +199,12 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// own read fetches it); one held at another ETag is dropped.
     pub(crate) fn take(&self, key: &str, etag: &str, size: u64) -> Taken {
         let mut inner = self.inner.lock().unwrap();
-        if let Some((n, _)) = inner.pushed.remove(key) {
+        let pushed = inner.pushed.remove(key);
+        if let Some((n, _)) = pushed {
             inner.unread -= n;
         }
         inner.queued.remove(key);
+        inner.seen_early.remove(key);
         let before = remember(&mut inner.opened, key, Instant::now());
         let held = inner.held.remove(key);
         if let Some(h) = &held {
@@ -206,6 +212,10 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         }
         drop(inner);
         let Some(held) = held else {
+            if pushed.is_some() {
+                // Its budget is free: the next queued GETs may go.
+                self.pump();
+            }
             return Taken::Missed(before);
         };
         self.pump();
@@ -267,21 +277,35 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             _ => return,
         }
         let mut held = inner.held.remove(key).expect("held above");
-        inner
-            .pushed
-            .insert(key.to_string(), (held.size, held.since));
+        let seen = inner.seen_early.remove(key);
+        if seen {
+            inner.unread -= held.size;
+        } else {
+            inner
+                .pushed
+                .insert(key.to_string(), (held.size, held.since));
+        }
         drop(inner);
         // Handed to the kernel whole: none of it is unused read-ahead.
         let _ = held.part.deliver(0, u64::MAX);
         metrics::counter!(m::SMALL_PREFETCH_HITS, "state" => "pushed").increment(1);
         self.admit(key, etag, size, &held.part);
+        if seen {
+            self.pump();
+        }
     }
 
-    /// The loader was seen at `key` (a request for its inode): an object
-    /// put in the page cache for it no longer counts as unread.
+    /// The loader was seen at `key` (Python's `open` sends an ioctl): an
+    /// object put in the page cache for it no longer counts as unread, and
+    /// one still being fetched or pushed stops counting when its push lands.
     pub(crate) fn consumed(&self, key: &str) {
         let mut inner = self.inner.lock().unwrap();
         let Some((n, _)) = inner.pushed.remove(key) else {
+            // Not pushed yet (its GET or its push under way): the push, if
+            // it lands before the loader's read, frees the budget then.
+            if inner.held.contains_key(key) {
+                inner.seen_early.insert(key.to_string());
+            }
             return;
         };
         inner.unread -= n;
@@ -541,6 +565,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             return None;
         }
         let h = inner.held.remove(key)?;
+        inner.seen_early.remove(key);
         inner.unread -= h.size;
         metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => "failed").increment(1);
         Some(h)
@@ -560,6 +585,7 @@ fn expire(inner: &mut Inner, now: Instant) -> Vec<HeldObject> {
             break;
         }
         if current && let Some(h) = inner.held.remove(key) {
+            inner.seen_early.remove(key);
             inner.unread -= h.size;
             metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => "expired").increment(1);
             out.push(h);
@@ -581,6 +607,7 @@ fn racing_copy(inner: &mut Inner, key: &str, prefix: &str) -> Option<HeldObject>
     inner.queued.remove(key);
     let copy = inner.held.remove(key);
     if let Some(h) = &copy {
+        inner.seen_early.remove(key);
         inner.unread -= h.size;
         metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => "opened").increment(1);
     }
@@ -695,6 +722,43 @@ mod tests {
             "one freed slot, one GET"
         );
         assert_eq!(p.unread_bytes(), 300);
+    }
+
+    /// A pushed object holds its budget until the loader is seen at it;
+    /// seen before its push lands, the push frees it at once; a read of a
+    /// pushed object frees it too. Each freed slot sends the next GET.
+    #[tokio::test]
+    async fn pushed_objects_free_their_budget_whenever_the_loader_is_seen() {
+        let store = Arc::new(MemStore::default());
+        let listing = dir(&store, 10, 100);
+        let p = prefetcher(&store, 300, 64);
+        let etag = |i: usize| listing.entries[i].etag.clone();
+        p.take("d/k000", &etag(0), 100);
+        p.missed("d/k000", "d/", listing.clone(), None).await;
+        settle(&p).await;
+        let gets = || store.gets.load(Ordering::Relaxed);
+        assert_eq!((gets(), p.unread_bytes()), (3, 300));
+
+        // Pushed, then seen: held until seen.
+        p.delivered("d/k001", &etag(1), 100);
+        settle(&p).await;
+        assert_eq!((gets(), p.unread_bytes()), (3, 300), "freed before seen");
+        p.consumed("d/k001");
+        settle(&p).await;
+        assert_eq!((gets(), p.unread_bytes()), (4, 300));
+
+        // Seen while still held (its push under way), then pushed.
+        p.consumed("d/k002");
+        p.delivered("d/k002", &etag(2), 100);
+        settle(&p).await;
+        assert_eq!((gets(), p.unread_bytes()), (5, 300), "early sight lost");
+
+        // Pushed, then read (no ioctl first).
+        p.delivered("d/k003", &etag(3), 100);
+        assert!(matches!(p.take("d/k003", &etag(3), 100), Taken::Missed(_)));
+        settle(&p).await;
+        assert_eq!((gets(), p.unread_bytes()), (6, 300), "a read freed nothing");
+        assert!(p.inner.lock().unwrap().seen_early.is_empty());
     }
 
     /// The held objects' keys, sorted.
