@@ -86,7 +86,7 @@ fn wait_sealed(m: &Mount, dir: &Path, n: usize) {
     let sealed = || {
         objects(dir)
             .iter()
-            .filter(|(_, m)| m.header.seal.is_some())
+            .filter(|(_, map)| map.header.seal.is_some())
             .count()
     };
     let got = wait_for(Duration::from_secs(30), || sealed() >= n);

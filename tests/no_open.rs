@@ -1,6 +1,8 @@
 //! Mounts without FUSE opens (`read.no_open`): files read right, the kernel
 //! sends no open or release, pages are kept across opens, a changed object
 //! is read anew after the metadata TTL, and per-inode handles are released.
+//! With a data cache, prefetched small objects (up to 1 MiB) are pushed to
+//! the page cache and hold the small-object budget until the loader's ioctl.
 
 mod common;
 
@@ -304,8 +306,13 @@ fn pushed_objects_hold_the_budget_until_the_loader_gets_to_them() {
         let next = wait_for(Duration::from_secs(5), || fills(&t) >= want);
         assert!(
             next.is_some(),
-            "{} pushed after {i} files, want {want}",
-            fills(&t)
+            "{} pushed after {i} files, want {want}; refused: {}\n{}",
+            fills(&t),
+            metric(
+                &scrape(&t.addr),
+                "lakemount_page_cache_fills_total{result=\"failed\"}"
+            ),
+            t.m.log()
         );
         let mut got = Vec::new();
         use std::io::Read;

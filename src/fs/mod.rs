@@ -554,10 +554,10 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         }
     }
 
-    /// A request for `ino` (on a mount without opens, the first sign of a
-    /// loader at a file: Python's `open` sends an ioctl): what
+    /// An ioctl on `ino` (on a mount without opens, the first sign of a
+    /// loader at a file: Python's `open` sends one): what
     /// [`Fs::small_delivered`] put in the page cache for it stops counting
-    /// against the small-object budget.
+    /// against the small-object budget, now or when its push lands.
     pub fn small_consumed(&self, ino: u64) {
         if let Some(small) = &self.small
             && let Some(key) = self.meta.inodes.with(ino, |a| a.key.clone())
