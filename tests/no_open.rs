@@ -258,6 +258,11 @@ fn objects_over_one_mib_are_not_pushed() {
         "{} GETs",
         t.srv.request_count("GetObject")
     );
+    // Counted as fetched before the push is asked for: by then a push of
+    // the large object would be under way.
+    let prefetched = || metric(&scrape(&t.addr), "lakemount_small_prefetch_objects_total");
+    let all = wait_for(Duration::from_secs(10), || prefetched() >= 6.0);
+    assert!(all.is_some(), "{} prefetched", prefetched());
     wait_for(Duration::from_secs(5), || fills(&t) >= 5.0);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(fills(&t), 5.0, "pushed other than the five small objects");
