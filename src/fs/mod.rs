@@ -127,17 +127,6 @@ pub struct Opened {
     pub fill: Option<Bytes>,
 }
 
-/// The inode `key` has in `inodes` (walking its path from the root), if
-/// the table holds every directory on the way and the name.
-fn inode_of_key(inodes: &crate::meta::inode::InodeTable, key: &str) -> Option<u64> {
-    let mut ino = crate::meta::inode::ROOT_INO;
-    let root = inodes.with(ino, |r| key.starts_with(&r.key).then_some(r.key.len()))??;
-    for name in key[root..].split('/') {
-        ino = inodes.child(ino, name)?;
-    }
-    Some(ino)
-}
-
 /// Where an open's page-cache fill ([`Opened::fill`]) may come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fill {
@@ -535,8 +524,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         let meta = self.meta.clone();
         small.on_fetched(move |key, etag, size, bytes| {
             if size <= MAX_FILL
-                && let Some(ino) = inode_of_key(&meta.inodes, key)
-                && meta.inodes.with(ino, |a| a.etag == etag && a.size == size) == Some(true)
+                && let Some(ino) = meta.inodes.file_at(key, etag, size)
             {
                 f(ino, key, etag, size, bytes);
             }

@@ -218,6 +218,20 @@ impl InodeTable {
         t.inodes.get(&ino).is_some_and(|i| i.superseded)
     }
 
+    /// The inode of file `key` (walked from the root, under one lock) when
+    /// the table holds it, and every directory on the way, at `etag` and
+    /// `size` bytes.
+    pub fn file_at(&self, key: &str, etag: &str, size: u64) -> Option<u64> {
+        let t = self.table.lock().unwrap();
+        let root = &t.inodes.get(&ROOT_INO)?.attr.key;
+        let mut ino = ROOT_INO;
+        for name in key.strip_prefix(root.as_str())?.split('/') {
+            ino = *t.children.get(&(ino, name.to_string()))?;
+        }
+        let a = &t.inodes.get(&ino)?.attr;
+        (a.kind == EntryKind::File && a.etag == etag && a.size == size).then_some(ino)
+    }
+
     /// The inode number of child `name` of `parent`, if the kernel holds one.
     pub fn child(&self, parent: u64, name: &str) -> Option<u64> {
         let t = self.table.lock().unwrap();
@@ -383,5 +397,48 @@ impl InodeTable {
     /// Always false: the root is always held.
     pub fn is_empty(&self) -> bool {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, kind: EntryKind, size: u64, etag: &str) -> ListedEntry {
+        ListedEntry {
+            name: name.into(),
+            kind,
+            size,
+            etag: etag.into(),
+            mtime: None,
+        }
+    }
+
+    /// A file is found by its key at its own version only; names of
+    /// directories and keys outside the root are not files.
+    #[test]
+    fn a_file_is_found_by_key_at_its_version() {
+        let t = InodeTable::new("pre/");
+        let now = Instant::now();
+        let d = t.upsert(
+            ROOT_INO,
+            "pre/",
+            &entry("d", EntryKind::Dir, 0, ""),
+            true,
+            now,
+        );
+        let f = t.upsert(
+            d.ino,
+            "pre/d/",
+            &entry("f.jpg", EntryKind::File, 5, "e1"),
+            true,
+            now,
+        );
+        assert_eq!(t.file_at("pre/d/f.jpg", "e1", 5), Some(f.ino));
+        assert_eq!(t.file_at("pre/d/f.jpg", "e2", 5), None);
+        assert_eq!(t.file_at("pre/d/f.jpg", "e1", 6), None);
+        assert_eq!(t.file_at("pre/d/g.jpg", "e1", 5), None);
+        assert_eq!(t.file_at("other/d/f.jpg", "e1", 5), None);
+        assert_eq!(t.file_at("pre/d", "", 0), None);
     }
 }
