@@ -91,6 +91,10 @@ struct HeldObject {
     size: u64,
     part: Part,
     since: Instant,
+    /// The loader was seen at it ([`SmallPrefetch::consumed`]) before its
+    /// push: a push that lands later frees its budget at once, as no later
+    /// sign of the loader would.
+    seen: bool,
 }
 
 #[derive(Default)]
@@ -116,10 +120,6 @@ struct Inner {
     /// seen read yet: key -> (size, when sent, as in `order`). Still counted
     /// in `unread`.
     pushed: HashMap<String, (u64, Instant)>,
-    /// Keys of `held` the loader was seen at ([`SmallPrefetch::consumed`])
-    /// before their push: a push that lands later frees their budget at
-    /// once, as no later sign of the loader would.
-    seen_early: HashSet<String>,
 }
 
 /// How often held objects are checked for [`UNREAD_TTL`] while nothing else
@@ -204,7 +204,6 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             inner.unread -= n;
         }
         inner.queued.remove(key);
-        inner.seen_early.remove(key);
         let before = remember(&mut inner.opened, key, Instant::now());
         let held = inner.held.remove(key);
         if let Some(h) = &held {
@@ -277,7 +276,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             _ => return,
         }
         let mut held = inner.held.remove(key).expect("held above");
-        let seen = inner.seen_early.remove(key);
+        let seen = held.seen;
         if seen {
             inner.unread -= held.size;
         } else {
@@ -303,8 +302,8 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         let Some((n, _)) = inner.pushed.remove(key) else {
             // Not pushed yet (its GET or its push under way): the push, if
             // it lands before the loader's read, frees the budget then.
-            if inner.held.contains_key(key) {
-                inner.seen_early.insert(key.to_string());
+            if let Some(h) = inner.held.get_mut(key) {
+                h.seen = true;
             }
             return;
         };
@@ -507,6 +506,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                     size: c.size,
                     part,
                     since: now,
+                    seen: false,
                 },
             );
         }
@@ -565,7 +565,6 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             return None;
         }
         let h = inner.held.remove(key)?;
-        inner.seen_early.remove(key);
         inner.unread -= h.size;
         metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => "failed").increment(1);
         Some(h)
@@ -585,7 +584,6 @@ fn expire(inner: &mut Inner, now: Instant) -> Vec<HeldObject> {
             break;
         }
         if current && let Some(h) = inner.held.remove(key) {
-            inner.seen_early.remove(key);
             inner.unread -= h.size;
             metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => "expired").increment(1);
             out.push(h);
@@ -607,7 +605,6 @@ fn racing_copy(inner: &mut Inner, key: &str, prefix: &str) -> Option<HeldObject>
     inner.queued.remove(key);
     let copy = inner.held.remove(key);
     if let Some(h) = &copy {
-        inner.seen_early.remove(key);
         inner.unread -= h.size;
         metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => "opened").increment(1);
     }
@@ -758,7 +755,7 @@ mod tests {
         assert!(matches!(p.take("d/k003", &etag(3), 100), Taken::Missed(_)));
         settle(&p).await;
         assert_eq!((gets(), p.unread_bytes()), (6, 300), "a read freed nothing");
-        assert!(p.inner.lock().unwrap().seen_early.is_empty());
+        assert!(p.inner.lock().unwrap().held.values().all(|h| !h.seen));
     }
 
     /// The held objects' keys, sorted.
