@@ -5,6 +5,7 @@
 //! cache before they are read.
 
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use fuser::{Notifier, ReplyData};
 use tracing::warn;
@@ -38,6 +39,13 @@ pub(super) fn sweep_handles<S: ObjectStore + WriteStore>(
     handles
 }
 
+/// How long the push thread rests after emptying its queue: the objects
+/// that arrive meanwhile are pushed together, and the runtime threads that
+/// queue them need not wake it for each (a wake-up across CPUs is one of the
+/// dearest things a small GET costs; docs/READAHEAD.md). A loader that gets
+/// to an object before its push reads it from memory, as without the push.
+const PUSH_GATHER: Duration = Duration::from_millis(1);
+
 /// A mount without opens with a data cache: each small object read-ahead
 /// fetches is put in its inode's page cache (FUSE_NOTIFY_STORE) as it
 /// arrives, by a thread of its own, so a loader's read of it needs no
@@ -65,13 +73,16 @@ pub(super) fn push_prefetched<S: ObjectStore + WriteStore>(
         .spawn(move || {
             // Ending a prefetch may send the next GETs.
             let _rt = rt.enter();
-            for (ino, key, etag, size, bytes) in rx {
-                let (Some(fs), Some(n)) = (fs.upgrade(), notifier.get()) else {
-                    continue;
-                };
-                if fill_page_cache(n, ino, &bytes) {
-                    fs.small_delivered(&key, &etag, size);
+            while let Ok(first) = rx.recv() {
+                for (ino, key, etag, size, bytes) in std::iter::once(first).chain(rx.try_iter()) {
+                    let (Some(fs), Some(n)) = (fs.upgrade(), notifier.get()) else {
+                        continue;
+                    };
+                    if fill_page_cache(n, ino, &bytes) {
+                        fs.small_delivered(&key, &etag, size);
+                    }
                 }
+                std::thread::sleep(PUSH_GATHER);
             }
         });
     if let Err(e) = spawned {
