@@ -276,18 +276,19 @@ fn objects_over_one_mib_are_not_pushed() {
     assert_eq!(t.srv.request_count("GetObject"), 7, "read from S3 again");
 }
 
-/// Objects pushed to the page cache still count against the small-object
-/// budget until the loader is seen at them (Python's `open` sends an ioctl,
-/// TCGETS, for each file): prefetch does not run ahead of the loader by
-/// more than the budget.
+/// Objects pushed to the page cache leave memory, but count against half
+/// the data cache's size limit until the loader is seen at them (Python's
+/// `open` sends an ioctl, TCGETS, for each file): prefetch does not run
+/// ahead of the loader by more than that.
 #[test]
 fn pushed_objects_hold_the_budget_until_the_loader_gets_to_them() {
     let files: Vec<(String, Vec<u8>)> = (0..30)
         .map(|i| (format!("q/s{i:02}.jpg"), data(5_000, 800 + i as u64)))
         .collect();
     let dir = TempDir::new("noopen-pushbudget");
+    // Half of 32 KiB: room for three objects of 5,000 bytes ahead.
     let more = format!(
-        "small_budget = 16000\nsmall_max_size = 8000\n[cache]\ndir = \"{}\"\n",
+        "small_budget = 8000\nsmall_max_size = 8000\n[cache]\ndir = \"{}\"\nmax_size = \"32KiB\"\n",
         dir.0.join("c").display()
     );
     let t = mounted("noopenpushb", &files, &more);
@@ -325,4 +326,35 @@ fn pushed_objects_hold_the_budget_until_the_loader_gets_to_them() {
         assert!(got == *d, "{k} differs");
     }
     assert_eq!(fills(&t), 29.0, "pushed other than each object once");
+}
+
+/// A loader that sends no request for the files it reads (C or Rust
+/// readers, CPython 3.14+ whose `open` asks no `isatty` of a regular file)
+/// is never seen at pushed objects: they leave memory when pushed, so
+/// prefetch still runs past the small-object budget, up to half the data
+/// cache's size limit, and the loader's reads need no request and no GET.
+#[test]
+fn a_loader_that_sends_no_request_per_file_gets_prefetch_past_the_budget() {
+    let files: Vec<(String, Vec<u8>)> = (0..30)
+        .map(|i| (format!("r/s{i:02}.jpg"), data(5_000, 600 + i as u64)))
+        .collect();
+    let dir = TempDir::new("noopen-silent");
+    // Memory for one object; the cache's limit leaves room for all.
+    let more = format!(
+        "small_budget = 8000\nsmall_max_size = 8000\n[cache]\ndir = \"{}\"\n",
+        dir.0.join("c").display()
+    );
+    let t = mounted("noopensilent", &files, &more);
+    assert_eq!(names(&t.m.p("r")).len(), 30);
+    assert!(std::fs::read(t.m.p(&files[0].0)).unwrap() == files[0].1);
+    let all = wait_for(Duration::from_secs(10), || fills(&t) >= 29.0);
+    assert!(all.is_some(), "{} of 29 pushed:\n{}", fills(&t), t.m.log());
+    let reads = op(&scrape(&t.addr), "read");
+    for (k, d) in &files[1..] {
+        assert!(std::fs::read(t.m.p(k)).unwrap() == *d, "{k} differs");
+    }
+    let after = scrape(&t.addr);
+    assert_eq!(op(&after, "read"), reads, "reads came to lakemount");
+    assert_eq!(op(&after, "ioctl"), 0.0, "{after}");
+    assert_eq!(t.srv.request_count("GetObject"), 30);
 }

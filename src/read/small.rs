@@ -13,6 +13,10 @@
 //!   the read-ahead [`MemoryBudget`] too. When it is full, fetching stops
 //!   until opens take objects: unread objects are never dropped to make room
 //!   for more prefetch, so a data set larger than the budget is not thrashed.
+//!   On a mount without opens, objects pushed to the page cache
+//!   ([`SmallPrefetch::delivered`]) leave memory and that budget; until the
+//!   loader is seen at them they count against a wider bound, half the data
+//!   cache's size limit ([`SmallPrefetch::ahead_cap`]).
 //! - At most [`ReadConfig::small_max_in_flight`] prefetch GETs at once. An
 //!   open never waits in the prefetch queue: a queued object it opens leaves
 //!   the queue and is fetched by the open's own read; one in flight is shared.
@@ -104,7 +108,7 @@ struct Inner {
     /// Keys of `held` in the order they were sent, with when (the oldest
     /// first, for [`expire`]); stale pairs are skipped.
     order: VecDeque<(Instant, String)>,
-    /// Bytes of `held` (in flight or done).
+    /// Bytes of `held` (in flight or done): in memory.
     unread: u64,
     /// Objects waiting for a prefetch GET, in scan order. A candidate whose
     /// key has left `queued` (opened meanwhile) is skipped.
@@ -117,9 +121,11 @@ struct Inner {
     /// Directory prefix -> its last scan.
     scanned: HashMap<String, Scan>,
     /// Objects put in the page cache ([`SmallPrefetch::delivered`]) and not
-    /// seen read yet: key -> (size, when sent, as in `order`). Still counted
-    /// in `unread`.
+    /// seen read yet: key -> (size, when sent, as in `order`).
     pushed: HashMap<String, (u64, Instant)>,
+    /// Bytes of `pushed`: in the page cache and the data cache, no longer
+    /// in memory here.
+    pushed_bytes: u64,
 }
 
 /// How often held objects are checked for [`UNREAD_TTL`] while nothing else
@@ -201,7 +207,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         let mut inner = self.inner.lock().unwrap();
         let pushed = inner.pushed.remove(key);
         if let Some((n, _)) = pushed {
-            inner.unread -= n;
+            inner.pushed_bytes -= n;
         }
         inner.queued.remove(key);
         let before = remember(&mut inner.opened, key, Instant::now());
@@ -263,9 +269,10 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// Object `key` (at `etag`, `size` bytes), fetched by a prefetch GET,
     /// was put in the kernel page cache of its inode (a mount without
     /// opens): it is written to the data cache as an open's take would
-    /// write it, and stays counted as unread until the loader is seen at it
+    /// write it, and its memory goes back to the unread budget. It stays
+    /// counted against [`Self::ahead_cap`] until the loader is seen at it
     /// ([`Self::consumed`], or a read of it: [`Self::take`]) or
-    /// [`UNREAD_TTL`] passes, so the budget still bounds how far prefetch
+    /// [`UNREAD_TTL`] passes, so that bound still limits how far prefetch
     /// runs ahead of the loader. Counted as a hit now (state `pushed`), and
     /// none of its bytes as unused: whether the page cache kept it until the
     /// loader read it is not known here. Needs a runtime context.
@@ -276,22 +283,21 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             _ => return,
         }
         let mut held = inner.held.remove(key).expect("held above");
-        let seen = held.seen;
-        if seen {
-            inner.unread -= held.size;
-        } else {
+        inner.unread -= held.size;
+        if !held.seen {
             inner
                 .pushed
                 .insert(key.to_string(), (held.size, held.since));
+            inner.pushed_bytes += held.size;
         }
         drop(inner);
         // Handed to the kernel whole: none of it is unused read-ahead.
         let _ = held.part.deliver(0, u64::MAX);
         metrics::counter!(m::SMALL_PREFETCH_HITS, "state" => "pushed").increment(1);
         self.admit(key, etag, size, &held.part);
-        if seen {
-            self.pump();
-        }
+        // Its memory comes back (dropping `held`), seen or not.
+        drop(held);
+        self.pump();
     }
 
     /// The loader was seen at `key` (Python's `open` sends an ioctl): an
@@ -307,7 +313,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             }
             return;
         };
-        inner.unread -= n;
+        inner.pushed_bytes -= n;
         drop(inner);
         self.pump();
     }
@@ -454,13 +460,16 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         let now = Instant::now();
         // Dropped after the lock: dropping a part may cancel its GET.
         let expired = expire(&mut inner, now);
+        let ahead_cap = self.ahead_cap();
         while self.in_flight.load(Ordering::Relaxed) < self.max_in_flight {
             let Some(c) = inner.queue.front() else { break };
             if !inner.queued.contains(&c.key) || inner.held.contains_key(&c.key) {
                 inner.queue.pop_front();
                 continue;
             }
-            if inner.unread + c.size > self.unread_budget {
+            if inner.unread + c.size > self.unread_budget
+                || inner.unread + inner.pushed_bytes + c.size > ahead_cap
+            {
                 break;
             }
             let Some(reservation) = self.budget.try_reserve(c.size) else {
@@ -510,15 +519,35 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                 },
             );
         }
-        metrics::gauge!(m::SMALL_PREFETCH_UNREAD_BYTES).set(inner.unread as f64);
+        metrics::gauge!(m::SMALL_PREFETCH_UNREAD_BYTES)
+            .set((inner.unread + inner.pushed_bytes) as f64);
         drop(inner);
         drop(expired);
     }
 
-    /// Bytes fetched (or being fetched) and not opened yet.
+    /// Most bytes prefetch may run ahead of the loader, in memory and pushed
+    /// together: the unread budget; with a data cache, at least half the
+    /// cache's size limit, since a pushed object is held by the page cache
+    /// and the data cache, not in memory. Half: what prefetch adds while the
+    /// other half holds what the loader read leaves older entries to evict
+    /// first. A loader that sends no request per file (C or Rust readers,
+    /// CPython 3.14+ whose `open` skips `isatty` on regular files) is never
+    /// seen at pushed objects, so prefetch runs up to this bound, then waits
+    /// for [`UNREAD_TTL`].
+    fn ahead_cap(&self) -> u64 {
+        let cache_half = self
+            .cache
+            .as_ref()
+            .map_or(0, |c| c.disk().limit_bytes() / 2);
+        self.unread_budget.max(cache_half)
+    }
+
+    /// Bytes fetched (or being fetched) and not opened yet, pushed ones
+    /// included.
     #[cfg(test)]
     fn unread_bytes(&self) -> u64 {
-        self.inner.lock().unwrap().unread
+        let inner = self.inner.lock().unwrap();
+        inner.unread + inner.pushed_bytes
     }
 
     /// Objects waiting for a prefetch GET.
@@ -589,7 +618,7 @@ fn expire(inner: &mut Inner, now: Instant) -> Vec<HeldObject> {
             out.push(h);
         } else if pushed && let Some((n, _)) = inner.pushed.remove(key) {
             // In the page cache, never seen read: its budget comes back.
-            inner.unread -= n;
+            inner.pushed_bytes -= n;
         }
         inner.order.pop_front();
     }
