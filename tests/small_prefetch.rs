@@ -409,6 +409,57 @@ fn the_unread_budget_holds_and_stops_prefetch_when_full() {
     );
 }
 
+/// With a data cache, prefetched objects beyond half the unread budget go
+/// to the cache and leave memory: prefetch runs past `read.small_budget`,
+/// up to half the cache's size limit, and the objects' opens read them from
+/// the cache with no GET. A data set larger than the small budget is then
+/// prefetched too, not read one GET per open.
+#[test]
+fn with_a_data_cache_prefetch_runs_past_the_memory_budget_up_to_half_the_cache() {
+    let run = |tag: &str, cache_max: &str| {
+        let srv = private_server();
+        let b = bucket_on(&srv, tag);
+        let files = small_files(&srv, &b, "s", 30);
+        let dir = TempDir::new(tag);
+        let addr = format!("127.0.0.1:{}", free_port());
+        let m = MountSpec::new(&b)
+            .server(&srv)
+            .config(&format!(
+                "[read]\nsmall_max_size = 16384\nsmall_budget = 16384\n\
+                 [cache]\ndir = \"{}\"\n{cache_max}",
+                dir.0.join("c").display()
+            ))
+            .args(&["--metrics-addr", &addr])
+            .mount();
+        assert_eq!(names(&m.p("s")).len(), 30);
+        assert!(std::fs::read(m.p(&files[0].0)).unwrap() == files[0].1);
+        (srv, files, addr, m, dir)
+    };
+    // A cache with room for all: every object is fetched before it is read.
+    let (srv, files, addr, m, _dir) = run("smallspill", "");
+    wait_gets(&srv, 30, &m);
+    for (k, d) in &files[1..] {
+        assert!(std::fs::read(m.p(k)).unwrap() == *d, "{k} differs");
+    }
+    let body = scrape(&addr);
+    assert_eq!(gets(&srv), 30, "{body}");
+    let cached = metric(
+        &body,
+        "lakemount_small_prefetch_hits_total{state=\"cached\"}",
+    );
+    assert!(
+        cached >= 20.0,
+        "{cached} opens read from the cache:\n{body}"
+    );
+    drop((m, srv));
+    // A 64 KiB cache: at most 32 KiB of 4-12 KiB objects ahead, 16 KiB of
+    // them in memory; prefetch stops there until opens take them.
+    let (srv, _files, _addr, m, _dir) = run("smallspillcap", "max_size = \"64KiB\"\n");
+    std::thread::sleep(Duration::from_millis(800));
+    let ahead = gets(&srv);
+    assert!((3..=10).contains(&ahead), "{ahead} GETs:\n{}", m.log());
+}
+
 /// With every prefetch GET stalled on the server, a read of an object that
 /// is still queued for prefetch sends its own GET at once and is answered.
 #[test]

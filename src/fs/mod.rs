@@ -647,6 +647,8 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
                     }
                     reader = reader.with_whole_object(part);
                 }
+                // Read from the data cache, filled from it below when it may.
+                Taken::Cached => {}
                 Taken::Missed(before) => {
                     prefetch_dir = Some((attr.key.clone(), attr.parent_prefix.clone(), before))
                 }

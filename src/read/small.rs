@@ -13,16 +13,18 @@
 //!   the read-ahead [`MemoryBudget`] too. When it is full, fetching stops
 //!   until opens take objects: unread objects are never dropped to make room
 //!   for more prefetch, so a data set larger than the budget is not thrashed.
-//!   On a mount without opens, objects pushed to the page cache
-//!   ([`SmallPrefetch::delivered`]) leave memory and that budget; until the
-//!   loader is seen at them they count against a wider bound, half the data
-//!   cache's size limit ([`SmallPrefetch::ahead_cap`]).
+//!   With a data cache, objects leave memory and that budget: on a mount
+//!   without opens when pushed to the page cache
+//!   ([`SmallPrefetch::delivered`]); with opens, written to the data cache
+//!   when memory runs short ([`SmallPrefetch::spill`]). Until the loader is
+//!   seen at them they count against a wider bound, half the data cache's
+//!   size limit ([`SmallPrefetch::ahead_cap`]).
 //! - At most [`ReadConfig::small_max_in_flight`] prefetch GETs at once. An
 //!   open never waits in the prefetch queue: a queued object it opens leaves
 //!   the queue and is fetched by the open's own read; one in flight is shared.
-//! - Unread objects are held in memory only. With a data cache they are
-//!   written to it when opened, as an object read by its reader would be, so
-//!   prefetch does not change what the cache evicts.
+//! - Unread objects are held in memory while the budget has room. With a
+//!   data cache they are written to it when opened, as an object read by its
+//!   reader would be, or earlier when they leave memory (above).
 //! - An object held longer than [`UNREAD_TTL`] without being opened is
 //!   dropped and counted as waste (checked at every GET's end and open, and
 //!   every minute while the mount is idle); one whose GET failed is dropped
@@ -85,6 +87,9 @@ struct Scan {
 pub(crate) enum Taken {
     /// The object's prefetched GET (done or in flight), at the open's ETag.
     Prefetched(Part),
+    /// Prefetched and written to the data cache, where the open reads it
+    /// (unless the cache evicted it meanwhile).
+    Cached,
     /// Nothing usable; when the object was opened before, when that was.
     Missed(Option<Instant>),
 }
@@ -120,12 +125,22 @@ struct Inner {
     opened: HashMap<String, Instant>,
     /// Directory prefix -> its last scan.
     scanned: HashMap<String, Scan>,
-    /// Objects put in the page cache ([`SmallPrefetch::delivered`]) and not
-    /// seen read yet: key -> (size, when sent, as in `order`).
-    pushed: HashMap<String, (u64, Instant)>,
-    /// Bytes of `pushed`: in the page cache and the data cache, no longer
-    /// in memory here.
-    pushed_bytes: u64,
+    /// Objects no longer in memory here and not seen read yet: put in the
+    /// page cache ([`SmallPrefetch::delivered`]) or written to the data
+    /// cache (a mount with opens): key -> (size, when sent, as in `order`,
+    /// where).
+    placed: HashMap<String, (u64, Instant, Placed)>,
+    /// Bytes of `placed`.
+    placed_bytes: u64,
+}
+
+/// Where a prefetched object went when it left memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placed {
+    /// Its inode's page cache, and the data cache (a mount without opens).
+    PageCache,
+    /// The data cache only: its open reads it from there.
+    DataCache,
 }
 
 /// How often held objects are checked for [`UNREAD_TTL`] while nothing else
@@ -205,9 +220,9 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// own read fetches it); one held at another ETag is dropped.
     pub(crate) fn take(&self, key: &str, etag: &str, size: u64) -> Taken {
         let mut inner = self.inner.lock().unwrap();
-        let pushed = inner.pushed.remove(key);
-        if let Some((n, _)) = pushed {
-            inner.pushed_bytes -= n;
+        let placed = inner.placed.remove(key);
+        if let Some((n, ..)) = placed {
+            inner.placed_bytes -= n;
         }
         inner.queued.remove(key);
         let before = remember(&mut inner.opened, key, Instant::now());
@@ -217,11 +232,16 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         }
         drop(inner);
         let Some(held) = held else {
-            if pushed.is_some() {
-                // Its budget is free: the next queued GETs may go.
-                self.pump();
+            let Some((.., to)) = placed else {
+                return Taken::Missed(before);
+            };
+            // Its budget is free: the next queued GETs may go.
+            self.pump();
+            if to == Placed::PageCache {
+                return Taken::Missed(before);
             }
-            return Taken::Missed(before);
+            metrics::counter!(m::SMALL_PREFETCH_HITS, "state" => "cached").increment(1);
+            return Taken::Cached;
         };
         self.pump();
         let usable = held.etag == etag && held.size == size && !held.part.failed();
@@ -285,10 +305,9 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         let mut held = inner.held.remove(key).expect("held above");
         inner.unread -= held.size;
         if !held.seen {
-            inner
-                .pushed
-                .insert(key.to_string(), (held.size, held.since));
-            inner.pushed_bytes += held.size;
+            let placed = (held.size, held.since, Placed::PageCache);
+            inner.placed.insert(key.to_string(), placed);
+            inner.placed_bytes += held.size;
         }
         drop(inner);
         // Handed to the kernel whole: none of it is unused read-ahead.
@@ -300,12 +319,56 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         self.pump();
     }
 
+    /// Object `key` (at `etag`, `size` bytes), fetched whole by a prefetch
+    /// GET, on a mount with opens and a data cache, when keeping it would
+    /// leave no room in the unread budget for an object of the largest
+    /// small size: written to the data cache now and dropped from memory, so
+    /// that budget (memory) does not bound how far prefetch runs ahead of
+    /// the loader; it counts against [`Self::ahead_cap`] until its open
+    /// ([`Taken::Cached`]) or [`UNREAD_TTL`]. Otherwise it stays in memory
+    /// until opened (an open served from memory costs less than one served
+    /// from the cache), and what stays never keeps the next object out.
+    /// Called on the GET's own task.
+    fn spill(&self, key: &str, etag: &str, size: u64, bytes: &Bytes) {
+        let Some(cache) = &self.cache else { return };
+        let mut held = {
+            let mut inner = self.inner.lock().unwrap();
+            if inner.unread + self.max_size <= self.unread_budget {
+                return;
+            }
+            match inner.held.get(key) {
+                Some(h) if h.etag == etag && h.size == size => {}
+                _ => return,
+            }
+            let held = inner.held.remove(key).expect("held above");
+            inner.unread -= held.size;
+            let placed = (held.size, held.since, Placed::DataCache);
+            inner.placed.insert(key.to_string(), placed);
+            inner.placed_bytes += held.size;
+            held
+        };
+        cache.admit_object(key, etag, size, &Segments::from(bytes.clone()));
+        // Not unused read-ahead: the cache has it whole. Dropping the part
+        // cannot cancel this task, which ends without yielding again.
+        let _ = held.part.deliver(0, u64::MAX);
+        drop(held);
+        self.pump();
+    }
+
     /// The loader was seen at `key` (Python's `open` sends an ioctl): an
     /// object put in the page cache for it no longer counts as unread, and
     /// one still being fetched or pushed stops counting when its push lands.
     pub(crate) fn consumed(&self, key: &str) {
         let mut inner = self.inner.lock().unwrap();
-        let Some((n, _)) = inner.pushed.remove(key) else {
+        if inner
+            .placed
+            .get(key)
+            .is_some_and(|p| p.2 == Placed::DataCache)
+        {
+            // Its open reads it from the data cache: that is the sign.
+            return;
+        }
+        let Some((n, ..)) = inner.placed.remove(key) else {
             // Not pushed yet (its GET or its push under way): the push, if
             // it lands before the loader's read, frees the budget then.
             if let Some(h) = inner.held.get_mut(key) {
@@ -313,7 +376,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             }
             return;
         };
-        inner.pushed_bytes -= n;
+        inner.placed_bytes -= n;
         drop(inner);
         self.pump();
     }
@@ -468,7 +531,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                 continue;
             }
             if inner.unread + c.size > self.unread_budget
-                || inner.unread + inner.pushed_bytes + c.size > ahead_cap
+                || inner.unread + inner.placed_bytes + c.size > ahead_cap
             {
                 break;
             }
@@ -500,10 +563,11 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                 }
                 ended.failed = got.is_err();
                 drop(ended);
-                if let (Ok(bytes), Some(me)) = (&got, me.upgrade())
-                    && let Some(f) = me.fetched.get()
-                {
-                    f(&key, &etag, size, bytes.clone());
+                if let (Ok(bytes), Some(me)) = (&got, me.upgrade()) {
+                    match me.fetched.get() {
+                        Some(f) => f(&key, &etag, size, bytes.clone()),
+                        None => me.spill(&key, &etag, size, bytes),
+                    }
                 }
                 got.map(Segments::from)
             });
@@ -520,7 +584,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             );
         }
         metrics::gauge!(m::SMALL_PREFETCH_UNREAD_BYTES)
-            .set((inner.unread + inner.pushed_bytes) as f64);
+            .set((inner.unread + inner.placed_bytes) as f64);
         drop(inner);
         drop(expired);
     }
@@ -547,7 +611,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     #[cfg(test)]
     fn unread_bytes(&self) -> u64 {
         let inner = self.inner.lock().unwrap();
-        inner.unread + inner.pushed_bytes
+        inner.unread + inner.placed_bytes
     }
 
     /// Objects waiting for a prefetch GET.
@@ -608,17 +672,17 @@ fn expire(inner: &mut Inner, now: Instant) -> Vec<HeldObject> {
     let mut out = Vec::new();
     while let Some((since, key)) = inner.order.front() {
         let current = inner.held.get(key).is_some_and(|h| h.since == *since);
-        let pushed = inner.pushed.get(key).is_some_and(|p| p.1 == *since);
-        if (current || pushed) && now.duration_since(*since) < UNREAD_TTL {
+        let placed = inner.placed.get(key).is_some_and(|p| p.1 == *since);
+        if (current || placed) && now.duration_since(*since) < UNREAD_TTL {
             break;
         }
         if current && let Some(h) = inner.held.remove(key) {
             inner.unread -= h.size;
             metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => "expired").increment(1);
             out.push(h);
-        } else if pushed && let Some((n, _)) = inner.pushed.remove(key) {
-            // In the page cache, never seen read: its budget comes back.
-            inner.pushed_bytes -= n;
+        } else if placed && let Some((n, ..)) = inner.placed.remove(key) {
+            // Out of memory, never seen read: its budget comes back.
+            inner.placed_bytes -= n;
         }
         inner.order.pop_front();
     }
