@@ -895,3 +895,49 @@ fn write_fsync_close_uploads_once() {
         m.log()
     );
 }
+
+/// close(2) returns before the kernel sends the handle's RELEASE (in the
+/// background, fs/fuse/file.c): a file reopened for writing right after
+/// its writer closed it, or truncated, is not refused as busy with its own
+/// closed handle. Four writers at once, so releases queue behind others.
+#[test]
+fn a_file_reopened_for_writing_right_after_close_is_not_busy() {
+    let server = private_server();
+    let b = bucket_on(&server, "w-reopen");
+    let staging = TempDir::new("staging-reopen");
+    let m = rw(&server, &b, &staging.0, "");
+    std::fs::create_dir(m.p("r")).unwrap();
+    let wants: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let path = m.p(&format!("r/f{w}.bin"));
+                s.spawn(move || {
+                    let mut want = Vec::new();
+                    for i in 0..60u8 {
+                        let mut f = std::fs::OpenOptions::new()
+                            .create(true)
+                            .append(true)
+                            .open(&path)
+                            .unwrap_or_else(|e| panic!("writer {w}: open {i} to append: {e}"));
+                        f.write_all(&[i; 1000]).unwrap();
+                        want.extend_from_slice(&[i; 1000]);
+                        f.sync_all().unwrap();
+                        drop(f);
+                        if i % 20 == 19 {
+                            let f = std::fs::OpenOptions::new().write(true).open(&path);
+                            let f = f.unwrap_or_else(|e| panic!("writer {w}: open {i}: {e}"));
+                            f.set_len(want.len() as u64).unwrap();
+                        }
+                    }
+                    want
+                })
+            })
+            .collect();
+        writers.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (w, want) in wants.iter().enumerate() {
+        let key = format!("r/f{w}.bin");
+        assert!(std::fs::read(m.p(&key)).unwrap() == *want, "{key} differs");
+        wait_uploaded(&server, &b, &key, want, &m);
+    }
+}

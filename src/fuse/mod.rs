@@ -71,6 +71,14 @@ const DIRECT_IO_BLKSIZE: u32 = 1 << 20;
 /// `st_blksize` of every other file, bytes (one page).
 const PAGE_BLKSIZE: u32 = 4096;
 
+/// How long an open for writing (or a truncate) waits for the releases of
+/// closed opens that would refuse it ([`FuseFs::write_conflicts`]) before it
+/// fails with ETXTBSY. The kernel queues a RELEASE as a background request,
+/// behind at most [`MAX_BACKGROUND`] others, so one is answered within
+/// milliseconds on a loaded host; a reader still holding the file open is
+/// refused after this wait.
+const RELEASE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The adapter. Cheap to share: the session threads each hold an `Arc` of it.
 pub struct FuseFs<S> {
     fs: Arc<Fs<S>>,
@@ -173,8 +181,29 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
     /// another backing file than the one its passthrough opens share: a
     /// cached object's, or a staged file's that is no longer the one staged
     /// under its name (uploaded since). Such a change is refused (ETXTBSY)
-    /// before staging touches anything.
-    fn write_conflicts(&self, ino: u64) -> bool {
+    /// before staging touches anything; but first, for up to
+    /// [`RELEASE_GRACE`], the conflicting opens may be released: close(2)
+    /// returns before the kernel sends a handle's RELEASE (in the
+    /// background: `fuse_file_put` in fs/fuse/file.c), so a file reopened
+    /// for writing right after its writer closed it would otherwise meet
+    /// that closed handle. The session thread hands its turn on first.
+    fn write_conflicts(&self, ino: u64, turn: &Turn<'_>) -> bool {
+        if !self.conflicts_now(ino) {
+            return false;
+        }
+        turn.may_block();
+        let until = std::time::Instant::now() + RELEASE_GRACE;
+        while std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            if !self.conflicts_now(ino) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// [`Self::write_conflicts`] as the I/O mode table stands now.
+    fn conflicts_now(&self, ino: u64) -> bool {
         match self.io.shared_backing(ino) {
             None => false,
             Some(SharedBacking::Cached) => true,
@@ -452,7 +481,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
             // version, so kept pages are never of another one.
             return reply.error(Errno::ENOSYS);
         }
-        if write && self.write_conflicts(ino.0) {
+        if write && self.write_conflicts(ino.0, &turn) {
             return reply.error(errno("open", &FsError::Busy));
         }
         // Answered here, on the session thread, when the attributes are
@@ -827,11 +856,11 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let _turn = self.turn("setattr");
+        let turn = self.turn("setattr");
         if !self.fs.writable() {
             return reply.error(errno("setattr", &FsError::ReadOnly));
         }
-        if size.is_some() && self.write_conflicts(ino.0) {
+        if size.is_some() && self.write_conflicts(ino.0, &turn) {
             return reply.error(errno("setattr", &FsError::Busy));
         }
         let mtime = mtime.map(|t| match t {
