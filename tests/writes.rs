@@ -899,7 +899,9 @@ fn write_fsync_close_uploads_once() {
 /// close(2) returns before the kernel sends the handle's RELEASE (in the
 /// background, fs/fuse/file.c): a file reopened for writing right after
 /// its writer closed it, or truncated, is not refused as busy with its own
-/// closed handle. Four writers at once, so releases queue behind others.
+/// closed handle; and read right after its close, while its upload is
+/// handed over to S3, it has its new bytes. Four writers at once, so
+/// releases queue behind others.
 #[test]
 fn a_file_reopened_for_writing_right_after_close_is_not_busy() {
     let server = private_server();
@@ -911,6 +913,7 @@ fn a_file_reopened_for_writing_right_after_close_is_not_busy() {
         let writers: Vec<_> = (0..4)
             .map(|w| {
                 let path = m.p(&format!("r/f{w}.bin"));
+                let m = &m;
                 s.spawn(move || {
                     let mut want = Vec::new();
                     for i in 0..60u8 {
@@ -923,6 +926,15 @@ fn a_file_reopened_for_writing_right_after_close_is_not_busy() {
                         want.extend_from_slice(&[i; 1000]);
                         f.sync_all().unwrap();
                         drop(f);
+                        // Read back at once, as its upload may be handed
+                        // over to S3: the new bytes, never ESTALE.
+                        if i % 3 == 1 {
+                            let got = std::fs::read(&path);
+                            let got = got.unwrap_or_else(|e| {
+                                panic!("writer {w}: read {i}: {e}\n{}", m.log())
+                            });
+                            assert!(got == want, "writer {w}: read {i}: {} bytes", got.len());
+                        }
                         if i % 20 == 19 {
                             let f = std::fs::OpenOptions::new().write(true).open(&path);
                             let f = f.unwrap_or_else(|e| panic!("writer {w}: open {i}: {e}"));

@@ -358,9 +358,14 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     }
 
     async fn fresh_attr(&self, ino: u64) -> Result<Attr, FsError> {
-        let attr = self.meta.inodes.get(ino).ok_or(FsError::NotFound)?;
+        let mut attr = self.meta.inodes.get(ino).ok_or(FsError::NotFound)?;
         if let Some(staged) = self.staged_attr(&attr) {
             return Ok(staged);
+        }
+        if crate::write::is_staged_etag(&attr.etag) {
+            // Handed over to S3 since they were read: the hand-over set the
+            // object's ETag before the file left staging.
+            attr = self.meta.inodes.get(ino).ok_or(FsError::NotFound)?;
         }
         if attr.kind == EntryKind::Dir || self.is_fresh(&attr) {
             return Ok(attr);
@@ -486,7 +491,12 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
                 .as_ref()
                 .is_some_and(|w| w.staged(&a.key).is_some())
         };
-        let attr = match self.file_attr_now(ino, |a| !staged(a) && self.is_fresh(a))? {
+        // A staged pseudo-ETag on a file no longer staged: attributes read
+        // before its hand-over to S3 (the hand-over sets the object's ETag
+        // before the file leaves staging); the open path reads them again.
+        let usable =
+            |a: &Attr| !staged(a) && !crate::write::is_staged_etag(&a.etag) && self.is_fresh(a);
+        let attr = match self.file_attr_now(ino, usable)? {
             Ok(a) => a,
             Err(e) => return Some(Err(e)),
         };

@@ -357,6 +357,13 @@ pub fn staged_etag(id: u64) -> String {
     format!("\"lakemount-staged-{id}\"")
 }
 
+/// Whether `etag` is a staged file's pseudo-ETag ([`staged_etag`]): no
+/// object in S3 has it, so attributes carrying it are read through the
+/// staged file only.
+pub fn is_staged_etag(etag: &str) -> bool {
+    etag.starts_with("\"lakemount-staged-")
+}
+
 /// What the overlay says about one name.
 pub enum Local {
     /// A staged file.
