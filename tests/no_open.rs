@@ -276,24 +276,35 @@ fn objects_over_one_mib_are_not_pushed() {
     assert_eq!(t.srv.request_count("GetObject"), 7, "read from S3 again");
 }
 
+/// 30 objects of 5,000 bytes in directory `d`, mounted without opens with
+/// memory for one of them (`small_budget`) and a data cache (`cache_more`
+/// added to its section), listed, and the first read: its directory's
+/// small-object read-ahead has begun. Returns the cache's directory, the
+/// mount and the objects (bound in that order, the mount is dropped before
+/// its cache directory).
+fn one_in_memory(d: &str, cache_more: &str) -> (TempDir, NoOpen, Vec<(String, Vec<u8>)>) {
+    let files: Vec<(String, Vec<u8>)> = (0..30)
+        .map(|i| (format!("{d}/s{i:02}.jpg"), data(5_000, 800 + i as u64)))
+        .collect();
+    let dir = TempDir::new(&format!("noopen-push-{d}"));
+    let more = format!(
+        "small_budget = 8000\nsmall_max_size = 8000\n[cache]\ndir = \"{}\"\n{cache_more}",
+        dir.0.join("c").display()
+    );
+    let t = mounted(&format!("noopenpush{d}"), &files, &more);
+    assert_eq!(names(&t.m.p(d)).len(), 30);
+    assert!(std::fs::read(t.m.p(&files[0].0)).unwrap() == files[0].1);
+    (dir, t, files)
+}
+
 /// Objects pushed to the page cache leave memory, but count against half
 /// the data cache's size limit until the loader is seen at them (Python's
 /// `open` sends an ioctl, TCGETS, for each file): prefetch does not run
 /// ahead of the loader by more than that.
 #[test]
 fn pushed_objects_hold_the_budget_until_the_loader_gets_to_them() {
-    let files: Vec<(String, Vec<u8>)> = (0..30)
-        .map(|i| (format!("q/s{i:02}.jpg"), data(5_000, 800 + i as u64)))
-        .collect();
-    let dir = TempDir::new("noopen-pushbudget");
     // Half of 32 KiB: room for three objects of 5,000 bytes ahead.
-    let more = format!(
-        "small_budget = 8000\nsmall_max_size = 8000\n[cache]\ndir = \"{}\"\nmax_size = \"32KiB\"\n",
-        dir.0.join("c").display()
-    );
-    let t = mounted("noopenpushb", &files, &more);
-    assert_eq!(names(&t.m.p("q")).len(), 30);
-    assert!(std::fs::read(t.m.p(&files[0].0)).unwrap() == files[0].1);
+    let (_dir, t, files) = one_in_memory("q", "max_size = \"32KiB\"\n");
     wait_for(Duration::from_secs(5), || fills(&t) >= 3.0);
     std::thread::sleep(Duration::from_millis(300));
     let held = fills(&t);
@@ -335,18 +346,8 @@ fn pushed_objects_hold_the_budget_until_the_loader_gets_to_them() {
 /// cache's size limit, and the loader's reads need no request and no GET.
 #[test]
 fn a_loader_that_sends_no_request_per_file_gets_prefetch_past_the_budget() {
-    let files: Vec<(String, Vec<u8>)> = (0..30)
-        .map(|i| (format!("r/s{i:02}.jpg"), data(5_000, 600 + i as u64)))
-        .collect();
-    let dir = TempDir::new("noopen-silent");
-    // Memory for one object; the cache's limit leaves room for all.
-    let more = format!(
-        "small_budget = 8000\nsmall_max_size = 8000\n[cache]\ndir = \"{}\"\n",
-        dir.0.join("c").display()
-    );
-    let t = mounted("noopensilent", &files, &more);
-    assert_eq!(names(&t.m.p("r")).len(), 30);
-    assert!(std::fs::read(t.m.p(&files[0].0)).unwrap() == files[0].1);
+    // The cache's limit leaves room for all.
+    let (_dir, t, files) = one_in_memory("r", "");
     let all = wait_for(Duration::from_secs(10), || fills(&t) >= 29.0);
     assert!(all.is_some(), "{} of 29 pushed:\n{}", fills(&t), t.m.log());
     let reads = op(&scrape(&t.addr), "read");
