@@ -127,11 +127,38 @@ struct Inner {
     scanned: HashMap<String, Scan>,
     /// Objects no longer in memory here and not seen read yet: put in the
     /// page cache ([`SmallPrefetch::delivered`]) or written to the data
-    /// cache (a mount with opens): key -> (size, when sent, as in `order`,
-    /// where).
-    placed: HashMap<String, (u64, Instant, Placed)>,
+    /// cache (a mount with opens), by key. At most [`MAX_REMEMBERED`]:
+    /// prefetch waits beyond that.
+    placed: HashMap<String, PlacedObject>,
     /// Bytes of `placed`.
     placed_bytes: u64,
+}
+
+/// A prefetched object no longer in memory, not seen read yet.
+struct PlacedObject {
+    etag: String,
+    size: u64,
+    /// When its GET was sent, as in `order`.
+    since: Instant,
+    to: Placed,
+}
+
+impl Inner {
+    /// Records `key` as placed outside memory; a copy placed before (the
+    /// same key fetched again by a later scan) stops counting.
+    fn place(&mut self, key: &str, obj: PlacedObject) {
+        self.placed_bytes += obj.size;
+        if let Some(old) = self.placed.insert(key.to_string(), obj) {
+            self.placed_bytes -= old.size;
+        }
+    }
+
+    /// Forgets placed object `key`, its bytes no longer counted.
+    fn unplace(&mut self, key: &str) -> Option<PlacedObject> {
+        let obj = self.placed.remove(key)?;
+        self.placed_bytes -= obj.size;
+        Some(obj)
+    }
 }
 
 /// Where a prefetched object went when it left memory.
@@ -220,10 +247,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// own read fetches it); one held at another ETag is dropped.
     pub(crate) fn take(&self, key: &str, etag: &str, size: u64) -> Taken {
         let mut inner = self.inner.lock().unwrap();
-        let placed = inner.placed.remove(key);
-        if let Some((n, ..)) = placed {
-            inner.placed_bytes -= n;
-        }
+        let placed = inner.unplace(key);
         inner.queued.remove(key);
         let before = remember(&mut inner.opened, key, Instant::now());
         let held = inner.held.remove(key);
@@ -232,12 +256,16 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         }
         drop(inner);
         let Some(held) = held else {
-            let Some((.., to)) = placed else {
+            let Some(placed) = placed else {
                 return Taken::Missed(before);
             };
             // Its budget is free: the next queued GETs may go.
             self.pump();
-            if to == Placed::PageCache {
+            if placed.to == Placed::PageCache {
+                return Taken::Missed(before);
+            }
+            if placed.etag != etag || placed.size != size {
+                metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => "changed").increment(1);
                 return Taken::Missed(before);
             }
             metrics::counter!(m::SMALL_PREFETCH_HITS, "state" => "cached").increment(1);
@@ -305,9 +333,13 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         let mut held = inner.held.remove(key).expect("held above");
         inner.unread -= held.size;
         if !held.seen {
-            let placed = (held.size, held.since, Placed::PageCache);
-            inner.placed.insert(key.to_string(), placed);
-            inner.placed_bytes += held.size;
+            let obj = PlacedObject {
+                etag: held.etag.clone(),
+                size: held.size,
+                since: held.since,
+                to: Placed::PageCache,
+            };
+            inner.place(key, obj);
         }
         drop(inner);
         // Handed to the kernel whole: none of it is unused read-ahead.
@@ -328,8 +360,8 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// ([`Taken::Cached`]) or [`UNREAD_TTL`]. Otherwise it stays in memory
     /// until opened (an open served from memory costs less than one served
     /// from the cache), and what stays never keeps the next object out.
-    /// Called on the GET's own task.
-    fn spill(&self, key: &str, etag: &str, size: u64, bytes: &Bytes) {
+    /// Called on the task of the GET sent at `since`.
+    fn spill(&self, key: &str, etag: &str, size: u64, since: Instant, bytes: &Bytes) {
         let Some(cache) = &self.cache else { return };
         let mut held = {
             let mut inner = self.inner.lock().unwrap();
@@ -337,14 +369,18 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                 return;
             }
             match inner.held.get(key) {
-                Some(h) if h.etag == etag && h.size == size => {}
+                Some(h) if h.since == since && h.etag == etag && h.size == size => {}
                 _ => return,
             }
             let held = inner.held.remove(key).expect("held above");
             inner.unread -= held.size;
-            let placed = (held.size, held.since, Placed::DataCache);
-            inner.placed.insert(key.to_string(), placed);
-            inner.placed_bytes += held.size;
+            let obj = PlacedObject {
+                etag: held.etag.clone(),
+                size: held.size,
+                since,
+                to: Placed::DataCache,
+            };
+            inner.place(key, obj);
             held
         };
         cache.admit_object(key, etag, size, &Segments::from(bytes.clone()));
@@ -363,20 +399,19 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         if inner
             .placed
             .get(key)
-            .is_some_and(|p| p.2 == Placed::DataCache)
+            .is_some_and(|p| p.to == Placed::DataCache)
         {
             // Its open reads it from the data cache: that is the sign.
             return;
         }
-        let Some((n, ..)) = inner.placed.remove(key) else {
+        if inner.unplace(key).is_none() {
             // Not pushed yet (its GET or its push under way): the push, if
             // it lands before the loader's read, frees the budget then.
             if let Some(h) = inner.held.get_mut(key) {
                 h.seen = true;
             }
             return;
-        };
-        inner.placed_bytes -= n;
+        }
         drop(inner);
         self.pump();
     }
@@ -506,6 +541,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                 let opened_this_round = inner.opened.get(&c.key).is_some_and(|t| *t >= round);
                 if !opened_this_round
                     && !inner.held.contains_key(&c.key)
+                    && !inner.placed.contains_key(&c.key)
                     && inner.queued.insert(c.key.clone())
                 {
                     inner.queue.push_back(c);
@@ -519,19 +555,24 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// the next object fits the unread budget (and the memory budget); drops
     /// objects unread for [`UNREAD_TTL`] first.
     fn pump(&self) {
+        // Before `inner`: it may look at the cache's file system.
+        let ahead_cap = self.ahead_cap();
         let mut inner = self.inner.lock().unwrap();
         let now = Instant::now();
         // Dropped after the lock: dropping a part may cancel its GET.
         let expired = expire(&mut inner, now);
-        let ahead_cap = self.ahead_cap();
         while self.in_flight.load(Ordering::Relaxed) < self.max_in_flight {
             let Some(c) = inner.queue.front() else { break };
-            if !inner.queued.contains(&c.key) || inner.held.contains_key(&c.key) {
+            if !inner.queued.contains(&c.key)
+                || inner.held.contains_key(&c.key)
+                || inner.placed.contains_key(&c.key)
+            {
                 inner.queue.pop_front();
                 continue;
             }
             if inner.unread + c.size > self.unread_budget
                 || inner.unread + inner.placed_bytes + c.size > ahead_cap
+                || inner.placed.len() >= MAX_REMEMBERED
             {
                 break;
             }
@@ -566,7 +607,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                 if let (Ok(bytes), Some(me)) = (&got, me.upgrade()) {
                     match me.fetched.get() {
                         Some(f) => f(&key, &etag, size, bytes.clone()),
-                        None => me.spill(&key, &etag, size, bytes),
+                        None => me.spill(&key, &etag, size, now, bytes),
                     }
                 }
                 got.map(Segments::from)
@@ -665,26 +706,30 @@ impl<S: ObjectStore> SmallPrefetch<S> {
 }
 
 /// Removes held objects sent at or before `now - UNREAD_TTL` and returns
-/// them (counted as dropped; their bytes as unused read-ahead). Pushed
-/// objects the loader was never seen at stop counting against the budget;
-/// they were counted as hits when pushed, so nothing else counts them.
+/// them (counted as dropped; their bytes as unused read-ahead). Placed
+/// objects stop counting against the bound: pushed ones the loader was
+/// never seen at were counted as hits when pushed, so nothing else counts
+/// them; ones in the data cache never opened count as dropped.
 fn expire(inner: &mut Inner, now: Instant) -> Vec<HeldObject> {
     let mut out = Vec::new();
     while let Some((since, key)) = inner.order.front() {
         let current = inner.held.get(key).is_some_and(|h| h.since == *since);
-        let placed = inner.placed.get(key).is_some_and(|p| p.1 == *since);
+        let placed = inner.placed.get(key).is_some_and(|p| p.since == *since);
         if (current || placed) && now.duration_since(*since) < UNREAD_TTL {
             break;
         }
-        if current && let Some(h) = inner.held.remove(key) {
+        let (_, key) = inner.order.pop_front().expect("front exists");
+        if current && let Some(h) = inner.held.remove(&key) {
             inner.unread -= h.size;
             metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => "expired").increment(1);
             out.push(h);
-        } else if placed && let Some((n, ..)) = inner.placed.remove(key) {
-            // Out of memory, never seen read: its budget comes back.
-            inner.placed_bytes -= n;
+        } else if placed && let Some(obj) = inner.unplace(&key) {
+            // Out of memory, never seen read: its budget comes back. One
+            // in the data cache and never opened was fetched for nothing.
+            if obj.to == Placed::DataCache {
+                metrics::counter!(m::SMALL_PREFETCH_DROPPED, "reason" => "expired").increment(1);
+            }
         }
-        inner.order.pop_front();
     }
     out
 }
@@ -1041,6 +1086,27 @@ mod tests {
             p.first_read("d/k001", "d/", None, Duration::ZERO),
             "listing past its TTL"
         );
+    }
+
+    /// An object placed out of memory twice (fetched again by a later scan
+    /// before its first copy was opened) counts once, and nothing once it
+    /// is taken.
+    #[test]
+    fn a_key_placed_twice_counts_once() {
+        let mut inner = Inner::default();
+        let obj = |size| PlacedObject {
+            etag: "e".into(),
+            size,
+            since: Instant::now(),
+            to: Placed::DataCache,
+        };
+        inner.place("d/a", obj(100));
+        inner.place("d/a", obj(100));
+        inner.place("d/b", obj(50));
+        assert_eq!(inner.placed_bytes, 150);
+        assert!(inner.unplace("d/a").is_some());
+        assert!(inner.unplace("d/a").is_none());
+        assert_eq!(inner.placed_bytes, 50);
     }
 
     /// A prefetch GET that fails (here: the object changed since its

@@ -102,7 +102,8 @@ pub const SMALL_PREFETCH_BYTES: &str = "lakemount_small_prefetch_bytes_total";
 /// Counter: opens that found their object prefetched, label `state` (ready:
 /// its bytes were here; in_flight: its GET was under way and was shared;
 /// pushed: on a mount without opens, put in the page cache before any read
-/// of it, so counted when pushed).
+/// of it, so counted when pushed; cached: written to the data cache when
+/// memory ran short, read from there).
 pub const SMALL_PREFETCH_HITS: &str = "lakemount_small_prefetch_hits_total";
 /// Counter: prefetched objects dropped unread, label `reason` (expired: not
 /// opened in time; changed: opened at another ETag; failed: the GET failed;
