@@ -72,11 +72,10 @@ const DIRECT_IO_BLKSIZE: u32 = 1 << 20;
 const PAGE_BLKSIZE: u32 = 4096;
 
 /// How long an open for writing (or a truncate) waits for the releases of
-/// closed opens that would refuse it ([`FuseFs::write_conflicts`]) before it
-/// fails with ETXTBSY. The kernel queues a RELEASE as a background request,
-/// behind at most [`MAX_BACKGROUND`] others, so one is answered within
-/// milliseconds on a loaded host; a reader still holding the file open is
-/// refused after this wait.
+/// closed opens that would refuse it ([`write_conflicts`]) before it fails
+/// with ETXTBSY. The kernel queues a RELEASE as a background request,
+/// behind at most [`MAX_BACKGROUND`] others (READs waiting on S3 among
+/// them); a reader still holding the file open is refused after this wait.
 const RELEASE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The adapter. Cheap to share: the session threads each hold an `Arc` of it.
@@ -176,43 +175,36 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
     }
 }
 
-impl<S: ObjectStore + WriteStore> FuseFs<S> {
-    /// Whether an open for writing (or a truncate) of `ino` would need
-    /// another backing file than the one its passthrough opens share: a
-    /// cached object's, or a staged file's that is no longer the one staged
-    /// under its name (uploaded since). Such a change is refused (ETXTBSY)
-    /// before staging touches anything; but first, for up to
-    /// [`RELEASE_GRACE`], the conflicting opens may be released: close(2)
-    /// returns before the kernel sends a handle's RELEASE (in the
-    /// background: `fuse_file_put` in fs/fuse/file.c), so a file reopened
-    /// for writing right after its writer closed it would otherwise meet
-    /// that closed handle. The session thread hands its turn on first.
-    fn write_conflicts(&self, ino: u64, turn: &Turn<'_>) -> bool {
-        if !self.conflicts_now(ino) {
-            return false;
-        }
-        turn.may_block();
-        let until = std::time::Instant::now() + RELEASE_GRACE;
-        while std::time::Instant::now() < until {
-            std::thread::sleep(std::time::Duration::from_millis(2));
-            if !self.conflicts_now(ino) {
-                return false;
-            }
-        }
-        true
+/// Whether an open for writing (or a truncate) of `ino` would need another
+/// backing file than the one its passthrough opens share: a cached
+/// object's, or a staged file's that is no longer the one staged under its
+/// name (uploaded since). Such a change is refused (ETXTBSY) before staging
+/// touches anything, once [`released`] has waited for those opens.
+fn write_conflicts<S: ObjectStore + WriteStore>(io: &IoTable, fs: &Fs<S>, ino: u64) -> bool {
+    match io.shared_backing(ino) {
+        None => false,
+        Some(SharedBacking::Cached) => true,
+        Some(SharedBacking::Staged(mine)) => fs
+            .staged_data_file(ino)
+            .is_none_or(|now| !Arc::ptr_eq(&mine, &now)),
     }
+}
 
-    /// [`Self::write_conflicts`] as the I/O mode table stands now.
-    fn conflicts_now(&self, ino: u64) -> bool {
-        match self.io.shared_backing(ino) {
-            None => false,
-            Some(SharedBacking::Cached) => true,
-            Some(SharedBacking::Staged(mine)) => self
-                .fs
-                .staged_data_file(ino)
-                .is_none_or(|now| !Arc::ptr_eq(&mine, &now)),
+/// Waits up to [`RELEASE_GRACE`] for the opens that make a write of `ino`
+/// conflict ([`write_conflicts`]) to be released; returns whether they
+/// were. close(2) returns before the kernel sends a handle's RELEASE (in
+/// the background: `fuse_file_put` in fs/fuse/file.c), so a file reopened
+/// for writing right after its writer closed it would otherwise meet that
+/// closed handle. On the runtime: the RELEASE needs a session thread.
+async fn released<S: ObjectStore + WriteStore>(io: &IoTable, fs: &Fs<S>, ino: u64) -> bool {
+    let until = tokio::time::Instant::now() + RELEASE_GRACE;
+    while tokio::time::Instant::now() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        if !write_conflicts(io, fs, ino) {
+            return true;
         }
     }
+    false
 }
 
 impl<S: ObjectStore + WriteStore> FuseFs<S> {
@@ -481,17 +473,22 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
             // version, so kept pages are never of another one.
             return reply.error(Errno::ENOSYS);
         }
-        if write && self.write_conflicts(ino.0, &turn) {
-            return reply.error(errno("open", &FsError::Busy));
+        if write && !self.fs.writable() {
+            return reply.error(errno("open", &FsError::ReadOnly));
         }
+        // Waited for on the runtime (below).
+        let conflicts = write && write_conflicts(&self.io, &self.fs, ino.0);
         // Answered here, on the session thread, when the attributes are
         // fresh (no listing to wait for): a loader opens each small file
         // once, and a hop to the runtime and back was most of an open's cost.
         let _rt = self.rt.enter();
         let want = self.passthrough_now();
-        if let Some(r) = self
-            .fs
-            .try_open_now(ino.0, write, want.cached, || turn.may_block())
+        if let Some(r) = (!conflicts)
+            .then(|| {
+                self.fs
+                    .try_open_now(ino.0, write, want.cached, || turn.may_block())
+            })
+            .flatten()
         {
             return match r {
                 Ok(o) => {
@@ -513,6 +510,9 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         let direct = self.direct_io_min_size;
         let notifier = self.notifier.clone();
         self.rt.spawn(async move {
+            if conflicts && !released(&io, &fs, ino.0).await {
+                return reply.error(errno("open", &FsError::Busy));
+            }
             match fs.open(ino.0, write, truncate, want).await {
                 Ok(o) => {
                     let how = Serving {
@@ -856,19 +856,21 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let turn = self.turn("setattr");
+        let _turn = self.turn("setattr");
         if !self.fs.writable() {
             return reply.error(errno("setattr", &FsError::ReadOnly));
         }
-        if size.is_some() && self.write_conflicts(ino.0, &turn) {
-            return reply.error(errno("setattr", &FsError::Busy));
-        }
+        let conflicts = size.is_some() && write_conflicts(&self.io, &self.fs, ino.0);
         let mtime = mtime.map(|t| match t {
             TimeOrNow::SpecificTime(t) => t,
             TimeOrNow::Now => std::time::SystemTime::now(),
         });
         let fs = self.fs.clone();
+        let io = self.io.clone();
         self.rt.spawn(async move {
+            if conflicts && !released(&io, &fs, ino.0).await {
+                return reply.error(errno("setattr", &FsError::Busy));
+            }
             match fs.setattr(ino.0, size, mtime).await {
                 Ok(stat) => reply.attr(&fs.kernel_ttl(), &Self::attr(&stat, 0)),
                 Err(e) => reply.error(errno("setattr", &e)),
