@@ -362,12 +362,17 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         if let Some(staged) = self.staged_attr(&attr) {
             return Ok(staged);
         }
-        if crate::write::is_staged_etag(&attr.etag) {
+        let staged_etag = crate::write::is_staged_etag(&attr.etag);
+        if staged_etag {
             // Handed over to S3 since they were read: the hand-over set the
             // object's ETag before the file left staging.
             attr = self.meta.inodes.get(ino).ok_or(FsError::NotFound)?;
         }
-        if attr.kind == EntryKind::Dir || self.is_fresh(&attr) {
+        // Still a staged pseudo-ETag (an inode the hand-over did not know
+        // of): only the listing tells the object's.
+        if attr.kind == EntryKind::Dir
+            || (self.is_fresh(&attr) && !crate::write::is_staged_etag(&attr.etag))
+        {
             return Ok(attr);
         }
         let name = &attr.key[attr.parent_prefix.len()..];
