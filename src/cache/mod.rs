@@ -282,8 +282,17 @@ impl Cache {
     /// Puts the whole object `key` at `etag` (`segs`, `size` bytes) into
     /// both tiers, block by block, as a GET through [`Cache::get_range`]
     /// would have (small-object read-ahead fetched it itself). A short
-    /// `segs` is not cached.
-    pub fn admit_object(self: &Arc<Self>, key: &str, etag: &str, size: u64, segs: &Segments) {
+    /// `segs` is not cached. `read`: a reader has these bytes now, so they
+    /// count as cache misses served from S3; otherwise (written ahead of
+    /// any read) its later read counts them, as cache hits.
+    pub fn admit_object(
+        self: &Arc<Self>,
+        key: &str,
+        etag: &str,
+        size: u64,
+        segs: &Segments,
+        read: bool,
+    ) {
         if segs.len() as u64 != size {
             return;
         }
@@ -292,8 +301,10 @@ impl Cache {
             let from = idx * self.block_size;
             let block = segs.slice(from as usize, (from + self.block_len(size, idx)) as usize);
             let pk = PieceKey { obj, idx };
-            metrics::counter!(m::CACHE_MISSES).increment(1);
-            served(SRC_S3, block.len() as u64, None);
+            if read {
+                metrics::counter!(m::CACHE_MISSES).increment(1);
+                served(SRC_S3, block.len() as u64, None);
+            }
             if let Some(mem) = &self.memory {
                 mem.insert(pk, block.clone());
             }

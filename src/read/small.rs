@@ -299,7 +299,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         let Some(cache) = &self.cache else { return };
         let (_, ended, bytes) = part.wanted();
         match bytes.result() {
-            Some(Ok(segs)) => cache.admit_object(key, etag, size, segs),
+            Some(Ok(segs)) => cache.admit_object(key, etag, size, segs, true),
             Some(Err(_)) => {}
             None => {
                 let (cache, key, etag) = (cache.clone(), key.to_string(), etag.to_string());
@@ -307,7 +307,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                     if ended.await.is_ok()
                         && let Some(Ok(segs)) = bytes.result()
                     {
-                        cache.admit_object(&key, &etag, size, segs);
+                        cache.admit_object(&key, &etag, size, segs, true);
                     }
                 });
             }
@@ -383,7 +383,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             inner.place(key, obj);
             held
         };
-        cache.admit_object(key, etag, size, &Segments::from(bytes.clone()));
+        cache.admit_object(key, etag, size, &Segments::from(bytes.clone()), false);
         // Not unused read-ahead: the cache has it whole. Dropping the part
         // cannot cancel this task, which ends without yielding again.
         let _ = held.part.deliver(0, u64::MAX);
