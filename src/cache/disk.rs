@@ -580,6 +580,12 @@ impl DiskCache {
         }
     }
 
+    /// Whether [`Self::admit`] would queue `len` more bytes now, not skip
+    /// them because the write queue holds [`MAX_PENDING_BYTES`].
+    pub fn may_queue(&self, len: u64) -> bool {
+        self.pending_bytes.load(Ordering::Relaxed) + len <= MAX_PENDING_BYTES
+    }
+
     /// Queues block `pk` (`data`) of an object of `size` bytes for writing,
     /// unless the write queue is full. Must be called inside a tokio runtime
     /// (a block file's write runs on its blocking pool; packed objects go to

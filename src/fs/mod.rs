@@ -525,7 +525,8 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// read-ahead fetched whole whose inode the kernel holds at that version
     /// (inode, key, ETag, size in bytes, the object's bytes), to put in the
     /// page cache; [`Fs::small_delivered`] is then told. Objects over 1 MiB
-    /// are not given: they are read as usual. Without a
+    /// are not given: they are read as usual (or, when memory runs short,
+    /// from the data cache). Without a
     /// data cache an object the kernel dropped from its page cache before
     /// it was read would be fetched again, so nothing is registered: returns
     /// whether `f` was.
@@ -542,7 +543,9 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
                 && let Some(ino) = meta.inodes.file_at(key, etag, size)
             {
                 f(ino, key, etag, size, bytes);
+                return true;
             }
+            false
         });
         true
     }

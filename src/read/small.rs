@@ -195,8 +195,8 @@ pub struct SmallPrefetch<S> {
 }
 
 /// What [`SmallPrefetch::on_fetched`] registers: called with key, ETag, size
-/// in bytes and the object's bytes.
-type Fetched = Box<dyn Fn(&str, &str, u64, Bytes) + Send + Sync>;
+/// in bytes and the object's bytes; returns whether it took the object.
+type Fetched = Box<dyn Fn(&str, &str, u64, Bytes) -> bool + Send + Sync>;
 
 impl<S: ObjectStore> SmallPrefetch<S> {
     /// The prefetcher over `store` with the `[read]` settings, drawing memory
@@ -231,8 +231,10 @@ impl<S: ObjectStore> SmallPrefetch<S> {
 
     /// Registers `f`, called on the GET's task with each object a prefetch
     /// GET fetched whole (key, ETag, size, bytes); it stays held until taken
-    /// ([`Self::take`]). Only the first registration counts.
-    pub fn on_fetched(&self, f: impl Fn(&str, &str, u64, Bytes) + Send + Sync + 'static) {
+    /// ([`Self::take`]) or delivered ([`Self::delivered`]). One `f` does not
+    /// take (returns false) may leave memory for the data cache
+    /// ([`Self::spill`]). Only the first registration counts.
+    pub fn on_fetched(&self, f: impl Fn(&str, &str, u64, Bytes) -> bool + Send + Sync + 'static) {
         let _ = self.fetched.set(Box::new(f));
     }
 
@@ -352,9 +354,11 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     }
 
     /// Object `key` (at `etag`, `size` bytes), fetched whole by a prefetch
-    /// GET, on a mount with opens and a data cache, when keeping it would
-    /// leave no room in the unread budget for an object of the largest
-    /// small size: written to the data cache now and dropped from memory, so
+    /// GET and not pushed to the page cache, with a data cache, when keeping
+    /// it would leave no room in the unread budget for an object of the
+    /// largest small size and the cache's write queue has room for it
+    /// (else it would be dropped unwritten): written to the data cache now
+    /// and dropped from memory, so
     /// that budget (memory) does not bound how far prefetch runs ahead of
     /// the loader; it counts against [`Self::ahead_cap`] until its open
     /// ([`Taken::Cached`]) or [`UNREAD_TTL`]. Otherwise it stays in memory
@@ -365,7 +369,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         let Some(cache) = &self.cache else { return };
         let mut held = {
             let mut inner = self.inner.lock().unwrap();
-            if inner.unread + self.max_size <= self.unread_budget {
+            if inner.unread + self.max_size <= self.unread_budget || !cache.disk().may_queue(size) {
                 return;
             }
             match inner.held.get(key) {
@@ -605,9 +609,12 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                 ended.failed = got.is_err();
                 drop(ended);
                 if let (Ok(bytes), Some(me)) = (&got, me.upgrade()) {
-                    match me.fetched.get() {
-                        Some(f) => f(&key, &etag, size, bytes.clone()),
-                        None => me.spill(&key, &etag, size, now, bytes),
+                    let taken = me
+                        .fetched
+                        .get()
+                        .is_some_and(|f| f(&key, &etag, size, bytes.clone()));
+                    if !taken {
+                        me.spill(&key, &etag, size, now, bytes);
                     }
                 }
                 got.map(Segments::from)
