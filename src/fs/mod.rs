@@ -364,8 +364,9 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         }
         let staged_etag = crate::write::is_staged_etag(&attr.etag);
         if staged_etag {
-            // Handed over to S3 since they were read: the hand-over set the
-            // object's ETag before the file left staging.
+            // Handed over to S3 since they were read: the hand-over sets the
+            // object's ETag under the overlay's lock, as the file leaves
+            // staging.
             attr = self.meta.inodes.get(ino).ok_or(FsError::NotFound)?;
         }
         // Still a staged pseudo-ETag (an inode the hand-over did not know
@@ -497,8 +498,9 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
                 .is_some_and(|w| w.staged(&a.key).is_some())
         };
         // A staged pseudo-ETag on a file no longer staged: attributes read
-        // before its hand-over to S3 (the hand-over sets the object's ETag
-        // before the file leaves staging); the open path reads them again.
+        // before its hand-over to S3 (which sets the object's ETag under the
+        // overlay's lock, as the file leaves staging); the open path reads
+        // them again.
         let usable =
             |a: &Attr| !staged(a) && !crate::write::is_staged_etag(&a.etag) && self.is_fresh(a);
         let attr = match self.file_attr_now(ino, usable)? {

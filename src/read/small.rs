@@ -231,8 +231,8 @@ impl<S: ObjectStore> SmallPrefetch<S> {
 
     /// Registers `f`, called on the GET's task with each object a prefetch
     /// GET fetched whole (key, ETag, size, bytes); it stays held until taken
-    /// ([`Self::take`]) or delivered ([`Self::delivered`]). One `f` does not
-    /// take (returns false) may leave memory for the data cache
+    /// ([`Self::take`]) or delivered ([`Self::delivered`]). An object `f`
+    /// does not take (it returns false) may leave memory for the data cache
     /// ([`Self::spill`]). Only the first registration counts.
     pub fn on_fetched(&self, f: impl Fn(&str, &str, u64, Bytes) -> bool + Send + Sync + 'static) {
         let _ = self.fetched.set(Box::new(f));
@@ -356,15 +356,15 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// Object `key` (at `etag`, `size` bytes), fetched whole by a prefetch
     /// GET and not pushed to the page cache, with a data cache, when keeping
     /// it would leave no room in the unread budget for an object of the
-    /// largest small size and the cache's write queue has room for it
-    /// (else it would be dropped unwritten): written to the data cache now
-    /// and dropped from memory, so
-    /// that budget (memory) does not bound how far prefetch runs ahead of
-    /// the loader; it counts against [`Self::ahead_cap`] until its open
-    /// ([`Taken::Cached`]) or [`UNREAD_TTL`]. Otherwise it stays in memory
-    /// until opened (an open served from memory costs less than one served
-    /// from the cache), and what stays never keeps the next object out.
-    /// Called on the task of the GET sent at `since`.
+    /// largest small size and the cache's write queue has room for it (else
+    /// it would be dropped unwritten): written to the data cache now and
+    /// dropped from memory, so that budget (memory) does not bound how far
+    /// prefetch runs ahead of the loader; it counts against
+    /// [`Self::ahead_cap`] until its open ([`Taken::Cached`]) or
+    /// [`UNREAD_TTL`]. Otherwise it stays in memory until opened (an open
+    /// served from memory costs less than one served from the cache), and
+    /// what stays never keeps the next object out. Called on the task of the
+    /// GET sent at `since`.
     fn spill(&self, key: &str, etag: &str, size: u64, since: Instant, bytes: &Bytes) {
         let Some(cache) = &self.cache else { return };
         let mut held = {
@@ -637,10 +637,10 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         drop(expired);
     }
 
-    /// Most bytes prefetch may run ahead of the loader, in memory and pushed
-    /// together: the unread budget; with a data cache, at least half the
-    /// cache's size limit, since a pushed object is held by the page cache
-    /// and the data cache, not in memory. Half: what prefetch adds while the
+    /// Most bytes prefetch may run ahead of the loader, in memory and placed
+    /// out of it together: the unread budget; with a data cache, at least
+    /// half the cache's size limit, since a placed object is held by the
+    /// data cache (and the page cache, when pushed), not in memory. Half: what prefetch adds while the
     /// other half holds what the loader read leaves older entries to evict
     /// first. A loader that sends no request per file (C or Rust readers,
     /// CPython 3.14+ whose `open` skips `isatty` on regular files) is never
@@ -654,7 +654,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         self.unread_budget.max(cache_half)
     }
 
-    /// Bytes fetched (or being fetched) and not opened yet, pushed ones
+    /// Bytes fetched (or being fetched) and not opened yet, placed ones
     /// included.
     #[cfg(test)]
     fn unread_bytes(&self) -> u64 {
