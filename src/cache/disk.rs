@@ -592,7 +592,7 @@ impl DiskCache {
     /// the pack writer thread, which appends them one after the other).
     pub fn admit(self: &Arc<Self>, pk: PieceKey, size: u64, data: Bytes) {
         let len = data.len() as u64;
-        if self.pending_bytes.load(Ordering::Relaxed) + len > MAX_PENDING_BYTES {
+        if !self.may_queue(len) {
             metrics::counter!(m::CACHE_SKIPPED, "reason" => "queue_full").increment(1);
             return;
         }

@@ -362,8 +362,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         if let Some(staged) = self.staged_attr(&attr) {
             return Ok(staged);
         }
-        let staged_etag = crate::write::is_staged_etag(&attr.etag);
-        if staged_etag {
+        if crate::write::is_staged_etag(&attr.etag) {
             // Handed over to S3 since they were read: the hand-over sets the
             // object's ETag under the overlay's lock, as the file leaves
             // staging.
