@@ -2,7 +2,8 @@
 //! sends no open or release, pages are kept across opens, a changed object
 //! is read anew after the metadata TTL, and per-inode handles are released.
 //! With a data cache, prefetched small objects (up to 1 MiB) are pushed to
-//! the page cache and hold the small-object budget until the loader's ioctl.
+//! the page cache and hold the small-object budget until the loader's ioctl
+//! (or, from a loader that sends none, a GETATTR the mount asks for).
 
 mod common;
 
@@ -357,5 +358,39 @@ fn a_loader_that_sends_no_request_per_file_gets_prefetch_past_the_budget() {
     let after = scrape(&t.addr);
     assert_eq!(op(&after, "read"), reads, "reads came to lakemount");
     assert_eq!(op(&after, "ioctl"), 0.0, "{after}");
+    assert_eq!(t.srv.request_count("GetObject"), 30);
+}
+
+/// A loader that sends no request per file is not seen at pushed objects,
+/// so prefetch waits at half the data cache's size limit. Once it has
+/// waited there a second with no sign, pushed objects get stale attributes
+/// in the kernel: the loader's stat (or read to the end) of each sends a
+/// GETATTR, which gives its room to the next object, as Python's ioctl
+/// does. Every object is pushed and fetched once.
+#[test]
+fn a_silent_loader_is_asked_for_a_sign_when_prefetch_waits_for_it() {
+    // Half of 32 KiB: room for three objects of 5,000 bytes ahead.
+    let (_dir, t, files) = one_in_memory("s", "max_size = \"32KiB\"\n");
+    wait_for(Duration::from_secs(5), || fills(&t) >= 3.0);
+    // Longer than `SILENCE` (1 s): the loader is found silent.
+    std::thread::sleep(Duration::from_millis(2_000));
+    let held = fills(&t);
+    assert!((1.0..=3.0).contains(&held), "{held} pushed with room for 3");
+    for (i, (k, d)) in files.iter().enumerate().skip(1) {
+        // `std::fs::read` stats the file, then reads it: no ioctl.
+        assert!(std::fs::read(t.m.p(k)).unwrap() == *d, "{k} differs");
+        let want = (held + i as f64).min(29.0);
+        let next = wait_for(Duration::from_secs(5), || fills(&t) >= want);
+        assert!(
+            next.is_some(),
+            "{} pushed after {i} files, want {want}\n{}",
+            fills(&t),
+            t.m.log()
+        );
+    }
+    let after = scrape(&t.addr);
+    assert_eq!(fills(&t), 29.0, "pushed other than each object once");
+    assert_eq!(op(&after, "ioctl"), 0.0, "{after}");
+    assert!(op(&after, "getattr") >= 26.0, "{after}");
     assert_eq!(t.srv.request_count("GetObject"), 30);
 }

@@ -561,8 +561,35 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         }
     }
 
-    /// An ioctl on `ino` (on a mount without opens, the first sign of a
-    /// loader at a file: Python's `open` sends one): what
+    /// For a mount without opens that pushes prefetched objects
+    /// ([`Fs::on_small_fetched`]): `f` is called once, with key, ETag and
+    /// size of each object pushed and not seen read, when the loader is
+    /// found to send no request per file while prefetch waits for it
+    /// ([`crate::read::small::SmallPrefetch::on_silent`]). From then on
+    /// [`Fs::small_wants_read_signal`] is true.
+    pub fn on_small_silent(&self, f: impl Fn(Vec<(String, String, u64)>) + Send + Sync + 'static) {
+        if let Some(small) = &self.small {
+            small.on_silent(f);
+        }
+    }
+
+    /// Whether a pushed object's attributes should be made stale in the
+    /// kernel, so that the loader's stat or read to its end sends a GETATTR
+    /// ([`Fs::small_consumed`]): the loader was found to send no other
+    /// request per file.
+    pub fn small_wants_read_signal(&self) -> bool {
+        self.small.as_ref().is_some_and(|s| s.wants_read_signal())
+    }
+
+    /// The inode the kernel holds for file `key` at `etag` and `size`
+    /// bytes, if any.
+    pub fn file_inode(&self, key: &str, etag: &str, size: u64) -> Option<u64> {
+        self.meta.inodes.file_at(key, etag, size)
+    }
+
+    /// An ioctl or a GETATTR of `ino` (on a mount without opens, the sign
+    /// of a loader at a file: Python's `open` sends an ioctl, and a file
+    /// whose attributes were made stale a GETATTR): what
     /// [`Fs::small_delivered`] put in the page cache for it stops counting
     /// against the small-object budget, now or when its push lands.
     pub fn small_consumed(&self, ino: u64) {

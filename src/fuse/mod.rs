@@ -449,6 +449,12 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let _turn = self.turn("getattr");
+        if self.no_open.is_some() {
+            // A pushed object's attributes are made stale when the loader
+            // sends no other request per file (noopen.rs): this is its sign.
+            let _rt = self.rt.enter();
+            self.fs.small_consumed(ino.0);
+        }
         if let Some(stat) = fh.and_then(|fh| self.fs.local_stat(ino.0, fh.0)) {
             return reply.attr(&self.fs.kernel_ttl(), &Self::attr(&stat, 0));
         }

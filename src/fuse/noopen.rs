@@ -46,27 +46,47 @@ pub(super) fn sweep_handles<S: ObjectStore + WriteStore>(
 /// to an object before its push reads it from memory, as without the push.
 const PUSH_GATHER: Duration = Duration::from_millis(1);
 
+/// What the push thread is given.
+enum Push {
+    /// A small object fetched whole: its inode, key, ETag, size in bytes
+    /// and bytes.
+    Object(u64, String, String, u64, bytes::Bytes),
+    /// The loader sends no request per file: objects pushed and not seen
+    /// read (key, ETag, size), whose attributes to make stale.
+    Silent(Vec<(String, String, u64)>),
+}
+
 /// A mount without opens with a data cache: each small object read-ahead
 /// fetches is put in its inode's page cache (FUSE_NOTIFY_STORE) as it
 /// arrives, by a thread of its own, so a loader's read of it needs no
 /// request at all. Its own thread: a store waits for page locks a READ of
 /// the same file may hold, and that READ's reply must not wait behind it.
+///
+/// A loader that sends no request per file (no ioctl either) is never seen
+/// at pushed objects, and prefetch would wait at its bound
+/// ([`crate::read::small::SmallPrefetch::on_silent`]). Once it is found
+/// so, pushed objects get their attributes made stale
+/// (FUSE_NOTIFY_INVAL_INODE with a negative offset: attributes only, the
+/// pages stay), so the loader's stat, or its read up to the end of the
+/// file, sends a GETATTR, which is the sign.
 pub(super) fn push_prefetched<S: ObjectStore + WriteStore>(
     fs: &Arc<Fs<S>>,
     notifier: &Arc<OnceLock<Notifier>>,
     rt: &tokio::runtime::Handle,
 ) {
-    let (tx, rx) = std::sync::mpsc::channel::<(u64, String, String, u64, bytes::Bytes)>();
-    let tx = Mutex::new(tx);
+    let (tx, rx) = std::sync::mpsc::channel::<Push>();
+    let tx = Arc::new(Mutex::new(tx));
+    let objects = tx.clone();
     let registered = fs.on_small_fetched(move |ino, key, etag, size, bytes| {
-        let _ = tx
-            .lock()
-            .unwrap()
-            .send((ino, key.to_string(), etag.to_string(), size, bytes));
+        let push = Push::Object(ino, key.to_string(), etag.to_string(), size, bytes);
+        let _ = objects.lock().unwrap().send(push);
     });
     if !registered {
         return;
     }
+    fs.on_small_silent(move |pushed| {
+        let _ = tx.lock().unwrap().send(Push::Silent(pushed));
+    });
     let (fs, notifier, rt) = (Arc::downgrade(fs), notifier.clone(), rt.clone());
     let spawned = std::thread::Builder::new()
         .name("lakemount-push".into())
@@ -74,12 +94,26 @@ pub(super) fn push_prefetched<S: ObjectStore + WriteStore>(
             // Ending a prefetch may send the next GETs.
             let _rt = rt.enter();
             while let Ok(first) = rx.recv() {
-                for (ino, key, etag, size, bytes) in std::iter::once(first).chain(rx.try_iter()) {
+                for push in std::iter::once(first).chain(rx.try_iter()) {
                     let (Some(fs), Some(n)) = (fs.upgrade(), notifier.get()) else {
                         continue;
                     };
-                    if fill_page_cache(n, ino, &bytes) {
-                        fs.small_delivered(&key, &etag, size);
+                    match push {
+                        Push::Object(ino, key, etag, size, bytes) => {
+                            if fill_page_cache(n, ino, &bytes) {
+                                if fs.small_wants_read_signal() {
+                                    stale_attributes(n, ino);
+                                }
+                                fs.small_delivered(&key, &etag, size);
+                            }
+                        }
+                        Push::Silent(pushed) => {
+                            for (key, etag, size) in pushed {
+                                if let Some(ino) = fs.file_inode(&key, &etag, size) {
+                                    stale_attributes(n, ino);
+                                }
+                            }
+                        }
                     }
                 }
                 std::thread::sleep(PUSH_GATHER);
@@ -87,6 +121,16 @@ pub(super) fn push_prefetched<S: ObjectStore + WriteStore>(
         });
     if let Err(e) = spawned {
         warn!("no page-cache push of prefetched objects: {e}");
+    }
+}
+
+/// Makes the kernel's attributes of `ino` stale, its pages kept (a negative
+/// offset, fs/fuse/inode.c `fuse_reverse_inval_inode`): its next stat, or
+/// a read reaching past the size the kernel knows, sends a GETATTR. An
+/// inode the kernel no longer holds (ENOENT) needs none.
+fn stale_attributes(notifier: &Notifier, ino: u64) {
+    if let Err(e) = notifier.inval_inode(fuser::INodeNo(ino), -1, 0) {
+        tracing::debug!(ino, "attribute invalidation refused: {e}");
     }
 }
 

@@ -18,7 +18,10 @@
 //!   ([`SmallPrefetch::delivered`]); with opens, written to the data cache
 //!   when memory runs short ([`SmallPrefetch::spill`]). Until the loader is
 //!   seen at them they count against a wider bound, half the data cache's
-//!   size limit ([`SmallPrefetch::ahead_cap`]).
+//!   size limit ([`SmallPrefetch::ahead_cap`]). A loader that sends no
+//!   request per file is never seen at pushed objects: when prefetch has
+//!   waited at that bound for [`SILENCE`] with no sign of the loader, the
+//!   kernel is asked for one ([`SmallPrefetch::on_silent`]).
 //! - At most [`ReadConfig::small_max_in_flight`] prefetch GETs at once. An
 //!   open never waits in the prefetch queue: a queued object it opens leaves
 //!   the queue and is fetched by the open's own read; one in flight is shared.
@@ -56,6 +59,14 @@ use crate::telemetry::metrics as m;
 /// one epoch, and an epoch over a data set the budget holds takes minutes;
 /// memory of objects a loader never opens comes back.
 pub const UNREAD_TTL: Duration = Duration::from_secs(600);
+
+/// How long prefetch waits at [`SmallPrefetch::ahead_cap`] with no sign of
+/// the loader at a prefetched object before it asks the kernel for one
+/// ([`SmallPrefetch::on_silent`]). A loader that sends a request per file
+/// (an open, or Python's ioctl) gives one every few milliseconds while it
+/// reads; one second of none while prefetch waits is a loader that sends
+/// none, or one that paused.
+pub const SILENCE: Duration = Duration::from_secs(1);
 
 /// How long before a directory's round began an open may have come and
 /// still count in that round: opens of several readers racing with the
@@ -132,6 +143,11 @@ struct Inner {
     placed: HashMap<String, PlacedObject>,
     /// Bytes of `placed`.
     placed_bytes: u64,
+    /// When the loader was last seen at a prefetched object (an open of
+    /// one, or [`SmallPrefetch::consumed`] of one); not at others.
+    seen_at: Option<Instant>,
+    /// Since when the queue has waited at [`SmallPrefetch::ahead_cap`].
+    capped_since: Option<Instant>,
 }
 
 /// A prefetched object no longer in memory, not seen read yet.
@@ -174,6 +190,10 @@ enum Placed {
 /// happens (an idle mount gives their memory back).
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
+/// What [`SmallPrefetch::on_silent`] registers: called with key, ETag and
+/// size in bytes of each object pushed to the page cache and not seen read.
+type Silenced = Box<dyn Fn(Vec<(String, String, u64)>) + Send + Sync>;
+
 /// The small-object prefetcher of one mount. Cheap to share (`Arc`).
 pub struct SmallPrefetch<S> {
     store: Arc<S>,
@@ -191,6 +211,12 @@ pub struct SmallPrefetch<S> {
     sweeping: AtomicBool,
     /// Told of every object a prefetch GET fetched whole ([`Self::on_fetched`]).
     fetched: OnceLock<Fetched>,
+    /// Told once when the loader is found silent ([`Self::on_silent`]).
+    silenced: OnceLock<Silenced>,
+    /// The loader was found silent: pushed objects need a sign asked for.
+    silent: AtomicBool,
+    /// A task calls [`Self::pump`] again after [`SILENCE`].
+    rechecking: AtomicBool,
     me: Weak<Self>,
 }
 
@@ -225,6 +251,9 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             in_flight: AtomicUsize::new(0),
             sweeping: AtomicBool::new(false),
             fetched: OnceLock::new(),
+            silenced: OnceLock::new(),
+            silent: AtomicBool::new(false),
+            rechecking: AtomicBool::new(false),
             me: me.clone(),
         }))
     }
@@ -238,6 +267,24 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         let _ = self.fetched.set(Box::new(f));
     }
 
+    /// Registers `f`, called once, off the prefetcher's lock, when prefetch
+    /// has waited at [`Self::ahead_cap`] for [`SILENCE`] and the loader was
+    /// not seen at a prefetched object meanwhile (a loader that sends no
+    /// request per file: C or Rust readers, CPython 3.14+): with every object
+    /// pushed to the page cache ([`Self::delivered`]) and not seen read (key,
+    /// ETag, size), whose reads should then send the kernel's request that
+    /// [`Self::consumed`] is told of. From then on
+    /// [`Self::wants_read_signal`] is true. Only the first registration counts.
+    pub fn on_silent(&self, f: impl Fn(Vec<(String, String, u64)>) + Send + Sync + 'static) {
+        let _ = self.silenced.set(Box::new(f));
+    }
+
+    /// Whether objects pushed to the page cache from now on should make
+    /// their reads send a request ([`Self::on_silent`]).
+    pub fn wants_read_signal(&self) -> bool {
+        self.silent.load(Ordering::Relaxed)
+    }
+
     /// Whether an object of `size` bytes is small enough to prefetch.
     pub fn is_small(&self, size: u64) -> bool {
         size > 0 && size <= self.max_size
@@ -249,12 +296,16 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// own read fetches it); one held at another ETag is dropped.
     pub(crate) fn take(&self, key: &str, etag: &str, size: u64) -> Taken {
         let mut inner = self.inner.lock().unwrap();
+        let now = Instant::now();
         let placed = inner.unplace(key);
         inner.queued.remove(key);
-        let before = remember(&mut inner.opened, key, Instant::now());
+        let before = remember(&mut inner.opened, key, now);
         let held = inner.held.remove(key);
         if let Some(h) = &held {
             inner.unread -= h.size;
+        }
+        if placed.is_some() || held.is_some() {
+            inner.seen_at = Some(now);
         }
         drop(inner);
         let Some(held) = held else {
@@ -400,6 +451,9 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// one still being fetched or pushed stops counting when its push lands.
     pub(crate) fn consumed(&self, key: &str) {
         let mut inner = self.inner.lock().unwrap();
+        if inner.placed.contains_key(key) || inner.held.contains_key(key) {
+            inner.seen_at = Some(Instant::now());
+        }
         if inner
             .placed
             .get(key)
@@ -565,6 +619,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         let now = Instant::now();
         // Dropped after the lock: dropping a part may cancel its GET.
         let expired = expire(&mut inner, now);
+        let mut capped = false;
         while self.in_flight.load(Ordering::Relaxed) < self.max_in_flight {
             let Some(c) = inner.queue.front() else { break };
             if !inner.queued.contains(&c.key)
@@ -574,10 +629,9 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                 inner.queue.pop_front();
                 continue;
             }
-            if inner.unread + c.size > self.unread_budget
-                || inner.unread + inner.placed_bytes + c.size > ahead_cap
-                || inner.placed.len() >= MAX_REMEMBERED
-            {
+            capped = inner.unread + inner.placed_bytes + c.size > ahead_cap
+                || inner.placed.len() >= MAX_REMEMBERED;
+            if capped || inner.unread + c.size > self.unread_budget {
                 break;
             }
             let Some(reservation) = self.budget.try_reserve(c.size) else {
@@ -633,19 +687,75 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         }
         metrics::gauge!(m::SMALL_PREFETCH_UNREAD_BYTES)
             .set((inner.unread + inner.placed_bytes) as f64);
+        let silenced = self.silence(&mut inner, capped, now);
         drop(inner);
         drop(expired);
+        if let (Some(pushed), Some(f)) = (silenced, self.silenced.get()) {
+            tracing::info!(
+                objects = pushed.len(),
+                "small-object read-ahead: no sign of the loader at prefetched files for {SILENCE:?} \
+                 while it waits at its bound; their reads now send one (a GETATTR each)"
+            );
+            f(pushed);
+        }
+    }
+
+    /// Whether the loader is found silent now (see [`Self::on_silent`]),
+    /// with the queue waiting at [`Self::ahead_cap`] (`capped`): the pushed
+    /// objects not seen read, once. While the queue waits and the loader is
+    /// not found silent, a task looks again after [`SILENCE`].
+    fn silence(
+        &self,
+        inner: &mut Inner,
+        capped: bool,
+        now: Instant,
+    ) -> Option<Vec<(String, String, u64)>> {
+        if !capped {
+            inner.capped_since = None;
+            return None;
+        }
+        let since = *inner.capped_since.get_or_insert(now);
+        if self.silent.load(Ordering::Relaxed) || self.silenced.get().is_none() {
+            return None;
+        }
+        let quiet = |t: Instant| now.duration_since(t) >= SILENCE;
+        if quiet(since) && inner.seen_at.is_none_or(quiet) {
+            let pushed: Vec<_> = inner
+                .placed
+                .iter()
+                .filter(|(_, p)| p.to == Placed::PageCache)
+                .map(|(k, p)| (k.clone(), p.etag.clone(), p.size))
+                .collect();
+            if !pushed.is_empty() {
+                self.silent.store(true, Ordering::Relaxed);
+                return Some(pushed);
+            }
+        }
+        if !self.rechecking.swap(true, Ordering::Relaxed)
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let me = self.me.clone();
+            rt.spawn(async move {
+                tokio::time::sleep(SILENCE).await;
+                if let Some(me) = me.upgrade() {
+                    me.rechecking.store(false, Ordering::Relaxed);
+                    me.pump();
+                }
+            });
+        }
+        None
     }
 
     /// Most bytes prefetch may run ahead of the loader, in memory and placed
     /// out of it together: the unread budget; with a data cache, at least
     /// half the cache's size limit, since a placed object is held by the
-    /// data cache (and the page cache, when pushed), not in memory. Half: what prefetch adds while the
-    /// other half holds what the loader read leaves older entries to evict
-    /// first. A loader that sends no request per file (C or Rust readers,
-    /// CPython 3.14+ whose `open` skips `isatty` on regular files) is never
-    /// seen at pushed objects, so prefetch runs up to this bound, then waits
-    /// for [`UNREAD_TTL`].
+    /// data cache (and the page cache, when pushed), not in memory. Half:
+    /// what prefetch adds while the other half holds what the loader read
+    /// leaves older entries to evict first. A loader that sends no request
+    /// per file (C or Rust readers, CPython 3.14+ whose `open` skips
+    /// `isatty` on regular files) is not seen at pushed objects until the
+    /// kernel is asked for a sign ([`Self::on_silent`]), so prefetch runs up
+    /// to this bound and waits there [`SILENCE`] first.
     fn ahead_cap(&self) -> u64 {
         let cache_half = self
             .cache
