@@ -907,7 +907,17 @@ fn a_file_reopened_for_writing_right_after_close_is_not_busy() {
     let server = private_server();
     let b = bucket_on(&server, "w-reopen");
     let staging = TempDir::new("staging-reopen");
-    let m = rw(&server, &b, &staging.0, "");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(&b)
+        .server(&server)
+        .args(&[
+            "--read-write",
+            "--staging-dir",
+            staging.0.to_str().unwrap(),
+            "--metrics-addr",
+            &addr,
+        ])
+        .mount();
     std::fs::create_dir(m.p("r")).unwrap();
     let wants: Vec<Vec<u8>> = std::thread::scope(|s| {
         let writers: Vec<_> = (0..4)
@@ -947,6 +957,10 @@ fn a_file_reopened_for_writing_right_after_close_is_not_busy() {
             .collect();
         writers.into_iter().map(|h| h.join().unwrap()).collect()
     });
+    // The opens met closed handles of the kind the grace is for: most of
+    // the 240 appends opened with passthrough.
+    let opens = metric(&scrape(&addr), "lakemount_write_passthrough_opens_total");
+    assert!(opens >= 200.0, "{opens} passthrough write opens");
     for (w, want) in wants.iter().enumerate() {
         let key = format!("r/f{w}.bin");
         assert!(std::fs::read(m.p(&key)).unwrap() == *want, "{key} differs");
