@@ -49,6 +49,11 @@ fn fills(t: &NoOpen) -> f64 {
     )
 }
 
+/// Pushed objects whose kernel attributes were made stale.
+fn stale(t: &NoOpen) -> f64 {
+    metric(&scrape(&t.addr), "lakemount_fuse_attr_invalidations_total")
+}
+
 fn op(body: &str, op: &str) -> f64 {
     metric(
         body,
@@ -372,10 +377,12 @@ fn a_silent_loader_is_asked_for_a_sign_when_prefetch_waits_for_it() {
     // Half of 32 KiB: room for three objects of 5,000 bytes ahead.
     let (_dir, t, files) = one_in_memory("s", "max_size = \"32KiB\"\n");
     wait_for(Duration::from_secs(5), || fills(&t) >= 3.0);
-    // Longer than `SILENCE` (1 s): the loader is found silent.
-    std::thread::sleep(Duration::from_millis(2_000));
     let held = fills(&t);
     assert!((1.0..=3.0).contains(&held), "{held} pushed with room for 3");
+    // After `SILENCE` (1 s) the loader is found silent, and the objects
+    // pushed get stale attributes.
+    let asked = wait_for(Duration::from_secs(10), || stale(&t) >= held);
+    assert!(asked.is_some(), "{} made stale\n{}", stale(&t), t.m.log());
     for (i, (k, d)) in files.iter().enumerate().skip(1) {
         // `std::fs::read` stats the file, then reads it: no ioctl.
         assert!(std::fs::read(t.m.p(k)).unwrap() == *d, "{k} differs");
@@ -392,5 +399,38 @@ fn a_silent_loader_is_asked_for_a_sign_when_prefetch_waits_for_it() {
     assert_eq!(fills(&t), 29.0, "pushed other than each object once");
     assert_eq!(op(&after, "ioctl"), 0.0, "{after}");
     assert!(op(&after, "getattr") >= 26.0, "{after}");
+    assert_eq!(t.srv.request_count("GetObject"), 30);
+}
+
+/// A silent loader whose entries expired opens each file by name: the
+/// kernel sends a LOOKUP, whose reply would make stale attributes fresh
+/// again, so that no GETATTR followed. The LOOKUP is a sign, and its reply
+/// gives a pushed file whose sign is asked for attributes valid for no
+/// time. (The test fails with neither.)
+#[test]
+fn a_silent_loader_whose_entries_expired_still_gives_its_sign() {
+    let (_dir, t, files) = one_in_memory(
+        "l",
+        "max_size = \"32KiB\"\n[metadata]\nkernel_ttl_secs = 1.0\n",
+    );
+    wait_for(Duration::from_secs(5), || fills(&t) >= 3.0);
+    let held = fills(&t);
+    assert!((1.0..=3.0).contains(&held), "{held} pushed with room for 3");
+    // The entries the listing gave expire.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let lookups = op(&scrape(&t.addr), "lookup");
+    for (i, (k, d)) in files.iter().enumerate().skip(1) {
+        assert!(std::fs::read(t.m.p(k)).unwrap() == *d, "{k} differs");
+        let want = (held + i as f64).min(29.0);
+        let next = wait_for(Duration::from_secs(5), || fills(&t) >= want);
+        assert!(
+            next.is_some(),
+            "{} pushed after {i} files, want {want}\n{}",
+            fills(&t),
+            t.m.log()
+        );
+    }
+    let after = scrape(&t.addr);
+    assert!(op(&after, "lookup") - lookups >= 26.0, "{after}");
     assert_eq!(t.srv.request_count("GetObject"), 30);
 }

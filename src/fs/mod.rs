@@ -19,7 +19,7 @@ pub use error::FsError;
 
 use crate::meta::names::{BadName, check_name};
 use crate::meta::{Attr, CachedPages, DirListing, EntryKind, Meta, MetaConfig, ROOT_INO};
-use crate::read::small::{SmallPrefetch, Taken};
+use crate::read::small::{Sign, SmallPrefetch, Taken};
 use crate::read::{MemoryBudget, ReadConfig, Reader};
 use crate::store::{ObjectStore, WriteStore};
 use crate::write::Writes;
@@ -554,11 +554,13 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// A small object [`Fs::on_small_fetched`] gave is in the page cache:
     /// it is written to the data cache, and counts against the small-object
     /// budget until [`Fs::small_consumed`] (or its read) says the loader got
-    /// to it. Needs a runtime context.
-    pub fn small_delivered(&self, key: &str, etag: &str, size: u64) {
-        if let Some(small) = &self.small {
-            small.delivered(key, etag, size);
-        }
+    /// to it. Returns whether the kernel's attributes of it are to be made
+    /// stale (as [`Fs::small_wants_read_signal`] was when it was counted).
+    /// Needs a runtime context.
+    pub fn small_delivered(&self, key: &str, etag: &str, size: u64) -> bool {
+        self.small
+            .as_ref()
+            .is_some_and(|small| small.delivered(key, etag, size))
     }
 
     /// For a mount without opens that pushes prefetched objects
@@ -581,22 +583,38 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         self.small.as_ref().is_some_and(|s| s.wants_read_signal())
     }
 
+    /// How long the kernel may keep the attributes of `ino` it is sent in a
+    /// lookup or directory listing: [`Fs::kernel_ttl`], or no time for a
+    /// pushed object a sign of the loader is asked for
+    /// ([`Fs::small_wants_read_signal`]), so that its stat or open sends a
+    /// request, not only when the entry was cached before.
+    pub fn attr_ttl(&self, ino: u64) -> Duration {
+        if let Some(small) = self.small.as_ref().filter(|s| s.wants_read_signal())
+            && let Some(key) = self.meta.inodes.with(ino, |a| a.key.clone())
+            && small.awaits_sign(&key)
+        {
+            return Duration::ZERO;
+        }
+        self.kernel_ttl()
+    }
+
     /// The inode the kernel holds for file `key` at `etag` and `size`
     /// bytes, if any.
     pub fn file_inode(&self, key: &str, etag: &str, size: u64) -> Option<u64> {
         self.meta.inodes.file_at(key, etag, size)
     }
 
-    /// An ioctl or a GETATTR of `ino` (on a mount without opens, the sign
-    /// of a loader at a file: Python's `open` sends an ioctl, and a file
-    /// whose attributes were made stale a GETATTR): what
-    /// [`Fs::small_delivered`] put in the page cache for it stops counting
-    /// against the small-object budget, now or when its push lands.
-    pub fn small_consumed(&self, ino: u64) {
+    /// An ioctl, GETATTR or LOOKUP of `ino` (on a mount without opens, the
+    /// sign of a loader at a file, `sign`: Python's `open` sends an ioctl;
+    /// a file whose attributes are stale or whose entry expired a GETATTR or
+    /// a LOOKUP): what [`Fs::small_delivered`] put in the page cache for it
+    /// stops counting against the small-object budget, now or when its push
+    /// lands.
+    pub fn small_consumed(&self, ino: u64, sign: Sign) {
         if let Some(small) = &self.small
             && let Some(key) = self.meta.inodes.with(ino, |a| a.key.clone())
         {
-            small.consumed(&key);
+            small.consumed(&key, sign);
         }
     }
 

@@ -24,6 +24,7 @@ use tracing::{debug, info, warn};
 
 use crate::fs::{Fs, FsError, Passthrough, Stat};
 use crate::meta::EntryKind;
+use crate::read::small::Sign;
 use crate::store::{ObjectStore, WriteStore};
 use crate::telemetry::metrics as m;
 
@@ -420,10 +421,22 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         let fs = self.fs.clone();
         let name = name.to_owned();
         let direct = self.direct_io_min_size;
+        let no_open = self.no_open.is_some();
         run_here_or_spawn(&self.rt, async move {
             match fs.lookup(parent.0, &name).await {
                 Ok(stat) => {
-                    reply.entry(&fs.kernel_ttl(), &Self::attr(&stat, direct), Generation(0))
+                    if no_open {
+                        // An expired entry: the loader opens the file by
+                        // name, and the reply refreshes its attributes.
+                        fs.small_consumed(stat.ino, Sign::Kernel);
+                    }
+                    let attr = Self::attr(&stat, direct);
+                    let attr_ttl = if no_open {
+                        fs.attr_ttl(stat.ino)
+                    } else {
+                        fs.kernel_ttl()
+                    };
+                    reply.entry_with_ttls(&attr_ttl, &fs.kernel_ttl(), &attr, Generation(0))
                 }
                 Err(FsError::NotFound) if !fs.negative_ttl().is_zero() => {
                     // Node id 0 is a negative entry: the kernel answers ENOENT
@@ -453,7 +466,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
             // A pushed object's attributes are made stale when the loader
             // sends no other request per file (noopen.rs): this is its sign.
             let _rt = self.rt.enter();
-            self.fs.small_consumed(ino.0);
+            self.fs.small_consumed(ino.0, Sign::Kernel);
         }
         if let Some(stat) = fh.and_then(|fh| self.fs.local_stat(ino.0, fh.0)) {
             return reply.attr(&self.fs.kernel_ttl(), &Self::attr(&stat, 0));
@@ -649,11 +662,18 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
             .readdir(ino.0, fh.0, offset, READDIR_REPLY_BYTES, true)
         {
             Ok(entries) => {
-                let ttl = self.fs.kernel_ttl();
+                let kernel_ttl = self.fs.kernel_ttl();
                 let mut full = false;
                 for e in entries {
                     let counted = e.name != "." && e.name != "..";
                     if !full {
+                        // One TTL for entry and attributes: a pushed file
+                        // whose sign is asked for gets none, so its open
+                        // sends a LOOKUP (noopen.rs).
+                        let ttl = match &self.no_open {
+                            Some(_) if counted => self.fs.attr_ttl(e.stat.ino),
+                            _ => kernel_ttl,
+                        };
                         full = reply.add(
                             INodeNo(e.stat.ino),
                             e.offset,
@@ -706,7 +726,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         if self.no_open.is_some() {
             // Ending a push may send the next prefetch GETs.
             let _rt = self.rt.enter();
-            self.fs.small_consumed(ino.0);
+            self.fs.small_consumed(ino.0, Sign::Own);
         }
         debug!(ino = ino.0, cmd, "ioctl: not supported (ENOTTY)");
         reply.error(Errno::ENOTTY);

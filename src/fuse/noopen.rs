@@ -93,28 +93,49 @@ pub(super) fn push_prefetched<S: ObjectStore + WriteStore>(
         .spawn(move || {
             // Ending a prefetch may send the next GETs.
             let _rt = rt.enter();
-            while let Ok(first) = rx.recv() {
-                for push in std::iter::once(first).chain(rx.try_iter()) {
+            // Objects to make the attributes of stale, a batch per round so
+            // that pushes go on meanwhile.
+            let mut stale = std::collections::VecDeque::new();
+            loop {
+                let first = if stale.is_empty() {
+                    match rx.recv() {
+                        Ok(p) => Some(p),
+                        Err(_) => break,
+                    }
+                } else {
+                    None
+                };
+                for push in first.into_iter().chain(rx.try_iter()) {
                     let (Some(fs), Some(n)) = (fs.upgrade(), notifier.get()) else {
                         continue;
                     };
                     match push {
                         Push::Object(ino, key, etag, size, bytes) => {
-                            if fill_page_cache(n, ino, &bytes) {
-                                if fs.small_wants_read_signal() {
-                                    stale_attributes(n, ino);
-                                }
-                                fs.small_delivered(&key, &etag, size);
+                            // Stale before the store when the sign is asked
+                            // for already: no stat can come between.
+                            let asked = fs.small_wants_read_signal();
+                            if asked {
+                                stale_attributes(n, ino);
+                            }
+                            if fill_page_cache(n, ino, &bytes)
+                                && fs.small_delivered(&key, &etag, size)
+                                && !asked
+                            {
+                                stale_attributes(n, ino);
                             }
                         }
-                        Push::Silent(pushed) => {
-                            for (key, etag, size) in pushed {
-                                if let Some(ino) = fs.file_inode(&key, &etag, size) {
-                                    stale_attributes(n, ino);
-                                }
-                            }
+                        Push::Silent(pushed) => stale.extend(pushed),
+                    }
+                }
+                if let (Some(fs), Some(n)) = (fs.upgrade(), notifier.get()) {
+                    let batch = stale.len().min(STALE_BATCH);
+                    for (key, etag, size) in stale.drain(..batch) {
+                        if let Some(ino) = fs.file_inode(&key, &etag, size) {
+                            stale_attributes(n, ino);
                         }
                     }
+                } else {
+                    stale.clear();
                 }
                 std::thread::sleep(PUSH_GATHER);
             }
@@ -124,13 +145,21 @@ pub(super) fn push_prefetched<S: ObjectStore + WriteStore>(
     }
 }
 
+/// Objects whose attributes the push thread makes stale per round, between
+/// its pushes: a loader found silent with a million objects pushed ahead
+/// does not stop the pushes for the seconds they all take.
+const STALE_BATCH: usize = 4096;
+
 /// Makes the kernel's attributes of `ino` stale, its pages kept (a negative
 /// offset, fs/fuse/inode.c `fuse_reverse_inval_inode`): its next stat, or
 /// a read reaching past the size the kernel knows, sends a GETATTR. An
 /// inode the kernel no longer holds (ENOENT) needs none.
 fn stale_attributes(notifier: &Notifier, ino: u64) {
-    if let Err(e) = notifier.inval_inode(fuser::INodeNo(ino), -1, 0) {
-        tracing::debug!(ino, "attribute invalidation refused: {e}");
+    match notifier.inval_inode(fuser::INodeNo(ino), -1, 0) {
+        Ok(()) => {
+            metrics::counter!(crate::telemetry::metrics::FUSE_ATTR_INVALIDATIONS).increment(1)
+        }
+        Err(e) => tracing::debug!(ino, "attribute invalidation refused: {e}"),
     }
 }
 

@@ -68,6 +68,24 @@ pub const UNREAD_TTL: Duration = Duration::from_secs(600);
 /// none, or one that paused.
 pub const SILENCE: Duration = Duration::from_secs(1);
 
+/// Objects pushed before the loader was found silent that it does not
+/// answer for this long after stop counting against
+/// [`SmallPrefetch::ahead_cap`]: it may have read them before it was asked
+/// for a sign, and then never sends one for them.
+const SWITCH_GRACE: Duration = Duration::from_secs(10);
+
+/// How a loader was seen at a prefetched object
+/// ([`SmallPrefetch::consumed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sign {
+    /// A request the loader sends of itself for each file it reads: Python's
+    /// ioctl (TCGETS, from `isatty`). A loader that sends it is not silent.
+    Own,
+    /// A request the kernel sends for it: a GETATTR (stale attributes) or a
+    /// LOOKUP (an expired entry) of the file.
+    Kernel,
+}
+
 /// How long before a directory's round began an open may have come and
 /// still count in that round: opens of several readers racing with the
 /// scan of the first ([`SmallPrefetch::first_read`]).
@@ -148,6 +166,12 @@ struct Inner {
     seen_at: Option<Instant>,
     /// Since when the queue has waited at [`SmallPrefetch::ahead_cap`].
     capped_since: Option<Instant>,
+    /// Objects of `placed` in the page cache ([`Placed::PageCache`]).
+    pushed: usize,
+    /// Objects pushed before the loader was found silent (key, when its GET
+    /// was sent), and when those it did not answer for stop counting
+    /// ([`SWITCH_GRACE`]).
+    before_switch: Option<(Instant, Vec<(String, Instant)>)>,
 }
 
 /// A prefetched object no longer in memory, not seen read yet.
@@ -164,8 +188,10 @@ impl Inner {
     /// same key fetched again by a later scan) stops counting.
     fn place(&mut self, key: &str, obj: PlacedObject) {
         self.placed_bytes += obj.size;
+        self.pushed += usize::from(obj.to == Placed::PageCache);
         if let Some(old) = self.placed.insert(key.to_string(), obj) {
             self.placed_bytes -= old.size;
+            self.pushed -= usize::from(old.to == Placed::PageCache);
         }
     }
 
@@ -173,6 +199,7 @@ impl Inner {
     fn unplace(&mut self, key: &str) -> Option<PlacedObject> {
         let obj = self.placed.remove(key)?;
         self.placed_bytes -= obj.size;
+        self.pushed -= usize::from(obj.to == Placed::PageCache);
         Some(obj)
     }
 }
@@ -214,6 +241,7 @@ pub struct SmallPrefetch<S> {
     /// Told once when the loader is found silent ([`Self::on_silent`]).
     silenced: OnceLock<Silenced>,
     /// The loader was found silent: pushed objects need a sign asked for.
+    /// Set and cleared under `inner`.
     silent: AtomicBool,
     /// A task calls [`Self::pump`] again after [`SILENCE`].
     rechecking: AtomicBool,
@@ -267,14 +295,17 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         let _ = self.fetched.set(Box::new(f));
     }
 
-    /// Registers `f`, called once, off the prefetcher's lock, when prefetch
-    /// has waited at [`Self::ahead_cap`] for [`SILENCE`] and the loader was
-    /// not seen at a prefetched object meanwhile (a loader that sends no
-    /// request per file: C or Rust readers, CPython 3.14+): with every object
-    /// pushed to the page cache ([`Self::delivered`]) and not seen read (key,
-    /// ETag, size), whose reads should then send the kernel's request that
-    /// [`Self::consumed`] is told of. From then on
-    /// [`Self::wants_read_signal`] is true. Only the first registration counts.
+    /// Registers `f`, called off the prefetcher's lock when prefetch has
+    /// waited at [`Self::ahead_cap`] for [`SILENCE`] and the loader was not
+    /// seen at a prefetched object meanwhile (a loader that sends no request
+    /// per file: C or Rust readers, CPython 3.14+): with every object pushed
+    /// to the page cache ([`Self::delivered`]) and not seen read (key, ETag,
+    /// size), whose reads should then send the kernel's request that
+    /// [`Self::consumed`] is told of ([`Sign::Kernel`]). From then on
+    /// [`Self::wants_read_signal`] is true, until the loader sends a sign of
+    /// its own ([`Sign::Own`]); those of the listed objects it does not
+    /// answer for within [`SWITCH_GRACE`] stop counting. Only the first
+    /// registration counts.
     pub fn on_silent(&self, f: impl Fn(Vec<(String, String, u64)>) + Send + Sync + 'static) {
         let _ = self.silenced.set(Box::new(f));
     }
@@ -283,6 +314,20 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// their reads send a request ([`Self::on_silent`]).
     pub fn wants_read_signal(&self) -> bool {
         self.silent.load(Ordering::Relaxed)
+    }
+
+    /// Whether `key` was pushed to the page cache and a sign of the loader
+    /// at it is asked for ([`Self::on_silent`]): the kernel should keep its
+    /// attributes for no time, so that the loader's stat or open sends one.
+    pub fn awaits_sign(&self, key: &str) -> bool {
+        self.wants_read_signal()
+            && self
+                .inner
+                .lock()
+                .unwrap()
+                .placed
+                .get(key)
+                .is_some_and(|p| p.to == Placed::PageCache)
     }
 
     /// Whether an object of `size` bytes is small enough to prefetch.
@@ -376,12 +421,15 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// [`UNREAD_TTL`] passes, so that bound still limits how far prefetch
     /// runs ahead of the loader. Counted as a hit now (state `pushed`), and
     /// none of its bytes as unused: whether the page cache kept it until the
-    /// loader read it is not known here. Needs a runtime context.
-    pub(crate) fn delivered(&self, key: &str, etag: &str, size: u64) {
+    /// loader read it is not known here. Returns whether a sign of the
+    /// loader at it is to be asked for ([`Self::wants_read_signal`] as it
+    /// was when the object was placed). Needs a runtime context.
+    pub(crate) fn delivered(&self, key: &str, etag: &str, size: u64) -> bool {
         let mut inner = self.inner.lock().unwrap();
+        let ask = self.silent.load(Ordering::Relaxed);
         match inner.held.get(key) {
             Some(h) if h.etag == etag && h.size == size && !h.part.failed() => {}
-            _ => return,
+            _ => return false,
         }
         let mut held = inner.held.remove(key).expect("held above");
         inner.unread -= held.size;
@@ -402,6 +450,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         // Its memory comes back (dropping `held`), seen or not.
         drop(held);
         self.pump();
+        ask
     }
 
     /// Object `key` (at `etag`, `size` bytes), fetched whole by a prefetch
@@ -446,13 +495,22 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         self.pump();
     }
 
-    /// The loader was seen at `key` (Python's `open` sends an ioctl): an
+    /// The loader was seen at `key` (`sign`: Python's `open` sends an
+    /// ioctl; a loader asked for a sign sends a GETATTR or LOOKUP): an
     /// object put in the page cache for it no longer counts as unread, and
     /// one still being fetched or pushed stops counting when its push lands.
-    pub(crate) fn consumed(&self, key: &str) {
+    /// A sign of the loader's own at a prefetched object ends the asking
+    /// ([`Self::on_silent`]).
+    pub(crate) fn consumed(&self, key: &str, sign: Sign) {
         let mut inner = self.inner.lock().unwrap();
         if inner.placed.contains_key(key) || inner.held.contains_key(key) {
             inner.seen_at = Some(Instant::now());
+            if sign == Sign::Own && self.silent.swap(false, Ordering::Relaxed) {
+                tracing::info!(
+                    "small-object read-ahead: the loader sends a request per file again; \
+                     pushed files no longer get stale attributes"
+                );
+            }
         }
         if inner
             .placed
@@ -619,6 +677,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         let now = Instant::now();
         // Dropped after the lock: dropping a part may cancel its GET.
         let expired = expire(&mut inner, now);
+        forgive(&mut inner, now);
         let mut capped = false;
         while self.in_flight.load(Ordering::Relaxed) < self.max_in_flight {
             let Some(c) = inner.queue.front() else { break };
@@ -702,8 +761,8 @@ impl<S: ObjectStore> SmallPrefetch<S> {
 
     /// Whether the loader is found silent now (see [`Self::on_silent`]),
     /// with the queue waiting at [`Self::ahead_cap`] (`capped`): the pushed
-    /// objects not seen read, once. While the queue waits and the loader is
-    /// not found silent, a task looks again after [`SILENCE`].
+    /// objects not seen read, once per finding. While the queue waits and
+    /// the loader is not found silent, a task looks again after [`SILENCE`].
     fn silence(
         &self,
         inner: &mut Inner,
@@ -719,20 +778,25 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             return None;
         }
         let quiet = |t: Instant| now.duration_since(t) >= SILENCE;
-        if quiet(since) && inner.seen_at.is_none_or(quiet) {
-            let pushed: Vec<_> = inner
+        if quiet(since) && inner.seen_at.is_none_or(quiet) && inner.pushed > 0 {
+            let (mut pushed, mut listed) = (Vec::new(), Vec::new());
+            for (k, p) in inner
                 .placed
                 .iter()
                 .filter(|(_, p)| p.to == Placed::PageCache)
-                .map(|(k, p)| (k.clone(), p.etag.clone(), p.size))
-                .collect();
-            if !pushed.is_empty() {
-                self.silent.store(true, Ordering::Relaxed);
-                return Some(pushed);
+            {
+                pushed.push((k.clone(), p.etag.clone(), p.size));
+                listed.push((k.clone(), p.since));
             }
+            if let Some((_, earlier)) = inner.before_switch.take() {
+                listed.extend(earlier);
+            }
+            inner.before_switch = Some((now + SWITCH_GRACE, listed));
+            self.silent.store(true, Ordering::Relaxed);
+            return Some(pushed);
         }
-        if !self.rechecking.swap(true, Ordering::Relaxed)
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        if let Ok(rt) = tokio::runtime::Handle::try_current()
+            && !self.rechecking.swap(true, Ordering::Relaxed)
         {
             let me = self.me.clone();
             rt.spawn(async move {
@@ -849,6 +913,28 @@ fn expire(inner: &mut Inner, now: Instant) -> Vec<HeldObject> {
         }
     }
     out
+}
+
+/// Objects pushed before the loader was found silent and not answered for
+/// within [`SWITCH_GRACE`] stop counting against the bound: the loader may
+/// have read them before it was asked for a sign ([`Inner::before_switch`]).
+fn forgive(inner: &mut Inner, now: Instant) {
+    let Some((at, _)) = &inner.before_switch else {
+        return;
+    };
+    if now < *at {
+        return;
+    }
+    let (_, listed) = inner.before_switch.take().expect("checked above");
+    for (key, since) in listed {
+        if inner
+            .placed
+            .get(&key)
+            .is_some_and(|p| p.since == since && p.to == Placed::PageCache)
+        {
+            inner.unplace(&key);
+        }
+    }
 }
 
 /// `key`, opened with nothing prefetched, is read by its opener: a copy a
@@ -976,6 +1062,50 @@ mod tests {
         assert_eq!(p.unread_bytes(), 300);
     }
 
+    /// Prefetch waiting at its bound with objects pushed and no sign of the
+    /// loader for [`SILENCE`] finds it silent: the callback gets the pushed
+    /// objects, and later pushes ask for a sign. A sign the kernel sends
+    /// frees a slot and keeps the asking; a sign of the loader's own ends it.
+    #[tokio::test]
+    async fn a_loader_with_no_sign_for_a_second_is_found_silent_until_it_sends_one() {
+        let store = Arc::new(MemStore::default());
+        let listing = dir(&store, 10, 100);
+        let p = prefetcher(&store, 300, 64);
+        let found = Arc::new(Mutex::new(Vec::new()));
+        let f = found.clone();
+        p.on_silent(move |objs| f.lock().unwrap().push(objs));
+        let etag = |i: usize| listing.entries[i].etag.clone();
+        p.take("d/k000", &etag(0), 100);
+        p.missed("d/k000", "d/", listing.clone(), None).await;
+        settle(&p).await;
+        for i in 1..=3 {
+            assert!(!p.delivered(&format!("d/k{i:03}"), &etag(i), 100));
+        }
+        settle(&p).await;
+        assert!(found.lock().unwrap().is_empty(), "silent at once");
+        // The task that looks again after `SILENCE` finds it.
+        tokio::time::sleep(SILENCE + Duration::from_millis(300)).await;
+        settle(&p).await;
+        let mut keys: Vec<String> = {
+            let found = found.lock().unwrap();
+            assert_eq!(found.len(), 1, "found silent other than once");
+            found[0].iter().map(|(k, _, _)| k.clone()).collect()
+        };
+        keys.sort();
+        assert_eq!(keys, ["d/k001", "d/k002", "d/k003"]);
+        assert!(p.wants_read_signal() && p.awaits_sign("d/k001"));
+
+        p.consumed("d/k001", Sign::Kernel);
+        settle(&p).await;
+        assert_eq!(store.gets.load(Ordering::Relaxed), 4, "no slot freed");
+        assert!(p.wants_read_signal() && !p.awaits_sign("d/k001"));
+        assert!(p.delivered("d/k004", &etag(4), 100), "no sign asked");
+
+        p.consumed("d/k002", Sign::Own);
+        assert!(!p.wants_read_signal(), "an own sign kept the asking");
+        assert!(!p.awaits_sign("d/k003"));
+    }
+
     /// A pushed object holds its budget until the loader is seen at it;
     /// seen before its push lands, the push frees it at once; a read of a
     /// pushed object frees it too. Each freed slot sends the next GET.
@@ -995,12 +1125,12 @@ mod tests {
         p.delivered("d/k001", &etag(1), 100);
         settle(&p).await;
         assert_eq!((gets(), p.unread_bytes()), (3, 300), "freed before seen");
-        p.consumed("d/k001");
+        p.consumed("d/k001", Sign::Own);
         settle(&p).await;
         assert_eq!((gets(), p.unread_bytes()), (4, 300));
 
         // Seen while still held (its push under way), then pushed.
-        p.consumed("d/k002");
+        p.consumed("d/k002", Sign::Own);
         p.delivered("d/k002", &etag(2), 100);
         settle(&p).await;
         assert_eq!((gets(), p.unread_bytes()), (5, 300), "early sight lost");

@@ -67,6 +67,11 @@ pub const FUSE_DIRECT_IO_OPENS: &str = "lakemount_fuse_direct_io_opens_total";
 /// without opens (`read.no_open`, with a data cache), as small-object
 /// read-ahead fetches them.
 pub const PAGE_CACHE_FILLS: &str = "lakemount_page_cache_fills_total";
+/// Counter: objects pushed to the page cache whose kernel attributes were
+/// made stale (FUSE_NOTIFY_INVAL_INODE, pages kept), so that a loader that
+/// sends no request per file sends a GETATTR or LOOKUP for each
+/// (docs/READAHEAD.md, "A silent loader is asked for a sign").
+pub const FUSE_ATTR_INVALIDATIONS: &str = "lakemount_fuse_attr_invalidations_total";
 /// Gauge: files open on the mount: opens (and creates) answered and not
 /// yet released, counted once the release's bookkeeping is done.
 pub const FUSE_OPEN_FILES: &str = "lakemount_fuse_open_files";
