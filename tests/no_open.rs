@@ -403,10 +403,9 @@ fn a_silent_loader_is_asked_for_a_sign_when_prefetch_waits_for_it() {
 }
 
 /// A silent loader whose entries expired opens each file by name: the
-/// kernel sends a LOOKUP, whose reply would make stale attributes fresh
-/// again, so that no GETATTR followed. The LOOKUP is a sign, and its reply
-/// gives a pushed file whose sign is asked for attributes valid for no
-/// time. (The test fails with neither.)
+/// kernel sends a LOOKUP, whose reply makes stale attributes fresh again,
+/// so that no GETATTR follows. The LOOKUP is the sign then. (The test
+/// fails when it is not.)
 #[test]
 fn a_silent_loader_whose_entries_expired_still_gives_its_sign() {
     let (_dir, t, files) = one_in_memory(
@@ -432,5 +431,33 @@ fn a_silent_loader_whose_entries_expired_still_gives_its_sign() {
     }
     let after = scrape(&t.addr);
     assert!(op(&after, "lookup") - lookups >= 26.0, "{after}");
+    assert_eq!(t.srv.request_count("GetObject"), 30);
+}
+
+/// A directory listed again while a silent loader is asked for signs gives
+/// its pushed files an entry and attributes valid for no time: otherwise
+/// the listing would make their stale attributes fresh again, and their
+/// opens would send nothing. (The test fails with the full TTL there.)
+#[test]
+fn a_listing_made_while_signs_are_asked_for_keeps_them_asked() {
+    let (_dir, t, files) = one_in_memory("v", "max_size = \"32KiB\"\n");
+    wait_for(Duration::from_secs(5), || fills(&t) >= 3.0);
+    let held = fills(&t);
+    assert!((1.0..=3.0).contains(&held), "{held} pushed with room for 3");
+    let asked = wait_for(Duration::from_secs(10), || stale(&t) >= held);
+    assert!(asked.is_some(), "{} made stale\n{}", stale(&t), t.m.log());
+    for (i, (k, d)) in files.iter().enumerate().skip(1) {
+        // The loader's index lists the directory again (a READDIRPLUS).
+        assert_eq!(names(&t.m.p("v")).len(), 30);
+        assert!(std::fs::read(t.m.p(k)).unwrap() == *d, "{k} differs");
+        let want = (held + i as f64).min(29.0);
+        let next = wait_for(Duration::from_secs(5), || fills(&t) >= want);
+        assert!(
+            next.is_some(),
+            "{} pushed after {i} files, want {want}\n{}",
+            fills(&t),
+            t.m.log()
+        );
+    }
     assert_eq!(t.srv.request_count("GetObject"), 30);
 }

@@ -583,11 +583,12 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         self.small.as_ref().is_some_and(|s| s.wants_read_signal())
     }
 
-    /// How long the kernel may keep the attributes of `ino` it is sent in a
-    /// lookup or directory listing: [`Fs::kernel_ttl`], or no time for a
+    /// How long the kernel may keep the entry and attributes of `ino` it is
+    /// sent in a directory listing: [`Fs::kernel_ttl`], or no time for a
     /// pushed object a sign of the loader is asked for
-    /// ([`Fs::small_wants_read_signal`]), so that its stat or open sends a
-    /// request, not only when the entry was cached before.
+    /// ([`Fs::small_wants_read_signal`]), so that a listing made meanwhile
+    /// does not make stale attributes fresh again and the open sends a
+    /// LOOKUP.
     pub fn attr_ttl(&self, ino: u64) -> Duration {
         if let Some(small) = self.small.as_ref().filter(|s| s.wants_read_signal())
             && let Some(key) = self.meta.inodes.with(ino, |a| a.key.clone())

@@ -425,18 +425,13 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         run_here_or_spawn(&self.rt, async move {
             match fs.lookup(parent.0, &name).await {
                 Ok(stat) => {
-                    if no_open {
+                    if no_open && fs.small_wants_read_signal() {
                         // An expired entry: the loader opens the file by
-                        // name, and the reply refreshes its attributes.
+                        // name, and the reply refreshes its attributes, so
+                        // no GETATTR follows; this is the sign.
                         fs.small_consumed(stat.ino, Sign::Kernel);
                     }
-                    let attr = Self::attr(&stat, direct);
-                    let attr_ttl = if no_open {
-                        fs.attr_ttl(stat.ino)
-                    } else {
-                        fs.kernel_ttl()
-                    };
-                    reply.entry_with_ttls(&attr_ttl, &fs.kernel_ttl(), &attr, Generation(0))
+                    reply.entry(&fs.kernel_ttl(), &Self::attr(&stat, direct), Generation(0))
                 }
                 Err(FsError::NotFound) if !fs.negative_ttl().is_zero() => {
                     // Node id 0 is a negative entry: the kernel answers ENOENT
@@ -462,7 +457,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let _turn = self.turn("getattr");
-        if self.no_open.is_some() {
+        if self.no_open.is_some() && self.fs.small_wants_read_signal() {
             // A pushed object's attributes are made stale when the loader
             // sends no other request per file (noopen.rs): this is its sign.
             let _rt = self.rt.enter();

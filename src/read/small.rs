@@ -68,11 +68,21 @@ pub const UNREAD_TTL: Duration = Duration::from_secs(600);
 /// none, or one that paused.
 pub const SILENCE: Duration = Duration::from_secs(1);
 
+/// How long prefetch waits at its bound with no sign before the loader is
+/// found silent again, after a sign of the loader's own ended the asking: a
+/// slow Python loader is not switched back and forth every second.
+const SILENCE_AFTER_OWN: Duration = Duration::from_secs(60);
+
 /// Objects pushed before the loader was found silent that it does not
 /// answer for this long after stop counting against
 /// [`SmallPrefetch::ahead_cap`]: it may have read them before it was asked
 /// for a sign, and then never sends one for them.
 const SWITCH_GRACE: Duration = Duration::from_secs(10);
+
+/// Keys answered by a sign the kernel sent while the loader is asked for
+/// signs, remembered so that its own sign coming after (Python's `open`
+/// makes `fstat`, a GETATTR, before its ioctl) still ends the asking.
+const ANSWERED: usize = 64;
 
 /// How a loader was seen at a prefetched object
 /// ([`SmallPrefetch::consumed`]).
@@ -168,10 +178,15 @@ struct Inner {
     capped_since: Option<Instant>,
     /// Objects of `placed` in the page cache ([`Placed::PageCache`]).
     pushed: usize,
-    /// Objects pushed before the loader was found silent (key, when its GET
-    /// was sent), and when those it did not answer for stop counting
-    /// ([`SWITCH_GRACE`]).
-    before_switch: Option<(Instant, Vec<(String, Instant)>)>,
+    /// When objects listed at the last finding of a silent loader
+    /// ([`Asked::AtFinding`]) stop counting ([`SWITCH_GRACE`]).
+    forgive_at: Option<Instant>,
+    /// The last [`ANSWERED`] keys answered by a sign the kernel sent.
+    answered: VecDeque<String>,
+    /// How long prefetch waits at its bound with no sign before the loader
+    /// is found silent: [`SILENCE`], or [`SILENCE_AFTER_OWN`] once a sign of
+    /// its own ended the asking. `None`: [`SILENCE`].
+    quiet_needed: Option<Duration>,
 }
 
 /// A prefetched object no longer in memory, not seen read yet.
@@ -181,6 +196,21 @@ struct PlacedObject {
     /// When its GET was sent, as in `order`.
     since: Instant,
     to: Placed,
+    /// Whether a sign of the loader at it was asked for.
+    asked: Asked,
+}
+
+/// Whether a sign of the loader at a pushed object was asked for (its
+/// kernel attributes made stale; [`SmallPrefetch::on_silent`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Asked {
+    /// No: pushed while the loader was not found silent.
+    Not,
+    /// At its push, the loader being found silent.
+    AtPush,
+    /// When the loader was found silent, after its push: it may have been
+    /// read already, so it stops counting at [`Inner::forgive_at`].
+    AtFinding,
 }
 
 impl Inner {
@@ -238,7 +268,7 @@ pub struct SmallPrefetch<S> {
     sweeping: AtomicBool,
     /// Told of every object a prefetch GET fetched whole ([`Self::on_fetched`]).
     fetched: OnceLock<Fetched>,
-    /// Told once when the loader is found silent ([`Self::on_silent`]).
+    /// Told when the loader is found silent ([`Self::on_silent`]).
     silenced: OnceLock<Silenced>,
     /// The loader was found silent: pushed objects need a sign asked for.
     /// Set and cleared under `inner`.
@@ -299,11 +329,12 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// waited at [`Self::ahead_cap`] for [`SILENCE`] and the loader was not
     /// seen at a prefetched object meanwhile (a loader that sends no request
     /// per file: C or Rust readers, CPython 3.14+): with every object pushed
-    /// to the page cache ([`Self::delivered`]) and not seen read (key, ETag,
-    /// size), whose reads should then send the kernel's request that
-    /// [`Self::consumed`] is told of ([`Sign::Kernel`]). From then on
-    /// [`Self::wants_read_signal`] is true, until the loader sends a sign of
-    /// its own ([`Sign::Own`]); those of the listed objects it does not
+    /// to the page cache ([`Self::delivered`]), not seen read and not asked
+    /// a sign of yet (key, ETag, size), whose reads should then send the
+    /// kernel's request that [`Self::consumed`] is told of ([`Sign::Kernel`]).
+    /// From then on [`Self::wants_read_signal`] is true, until the loader
+    /// sends a sign of its own ([`Sign::Own`]; the next finding then needs
+    /// [`SILENCE_AFTER_OWN`]); those of the listed objects it does not
     /// answer for within [`SWITCH_GRACE`] stop counting. Only the first
     /// registration counts.
     pub fn on_silent(&self, f: impl Fn(Vec<(String, String, u64)>) + Send + Sync + 'static) {
@@ -439,6 +470,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                 size: held.size,
                 since: held.since,
                 to: Placed::PageCache,
+                asked: if ask { Asked::AtPush } else { Asked::Not },
             };
             inner.place(key, obj);
         }
@@ -483,6 +515,7 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                 size: held.size,
                 since,
                 to: Placed::DataCache,
+                asked: Asked::Not,
             };
             inner.place(key, obj);
             held
@@ -499,17 +532,33 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// ioctl; a loader asked for a sign sends a GETATTR or LOOKUP): an
     /// object put in the page cache for it no longer counts as unread, and
     /// one still being fetched or pushed stops counting when its push lands.
-    /// A sign of the loader's own at a prefetched object ends the asking
-    /// ([`Self::on_silent`]).
+    /// A sign the kernel sent counts only while signs are asked for
+    /// ([`Self::on_silent`]): before, it may be anyone's stat (`ls -l`,
+    /// `du`). A sign of the loader's own at a prefetched object, or at one a
+    /// kernel's sign answered just before, ends the asking.
     pub(crate) fn consumed(&self, key: &str, sign: Sign) {
         let mut inner = self.inner.lock().unwrap();
-        if inner.placed.contains_key(key) || inner.held.contains_key(key) {
+        let asking = self.silent.load(Ordering::Relaxed);
+        if sign == Sign::Kernel && !asking {
+            return;
+        }
+        let known = inner.placed.contains_key(key) || inner.held.contains_key(key);
+        if asking && sign == Sign::Own && (known || inner.answered.iter().any(|k| k == key)) {
+            self.silent.store(false, Ordering::Relaxed);
+            inner.quiet_needed = Some(SILENCE_AFTER_OWN);
+            inner.answered.clear();
+            tracing::info!(
+                "small-object read-ahead: the loader sends a request per file again; \
+                 pushed files no longer get stale attributes"
+            );
+        }
+        if known {
             inner.seen_at = Some(Instant::now());
-            if sign == Sign::Own && self.silent.swap(false, Ordering::Relaxed) {
-                tracing::info!(
-                    "small-object read-ahead: the loader sends a request per file again; \
-                     pushed files no longer get stale attributes"
-                );
+            if sign == Sign::Kernel {
+                if inner.answered.len() >= ANSWERED {
+                    inner.answered.pop_front();
+                }
+                inner.answered.push_back(key.to_string());
             }
         }
         if inner
@@ -777,22 +826,27 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         if self.silent.load(Ordering::Relaxed) || self.silenced.get().is_none() {
             return None;
         }
-        let quiet = |t: Instant| now.duration_since(t) >= SILENCE;
+        let needed = inner.quiet_needed.unwrap_or(SILENCE);
+        let quiet = |t: Instant| now.duration_since(t) >= needed;
         if quiet(since) && inner.seen_at.is_none_or(quiet) && inner.pushed > 0 {
-            let (mut pushed, mut listed) = (Vec::new(), Vec::new());
-            for (k, p) in inner
-                .placed
-                .iter()
-                .filter(|(_, p)| p.to == Placed::PageCache)
-            {
-                pushed.push((k.clone(), p.etag.clone(), p.size));
-                listed.push((k.clone(), p.since));
+            let mut pushed = Vec::new();
+            for (k, p) in inner.placed.iter_mut() {
+                if p.to == Placed::PageCache && p.asked == Asked::Not {
+                    p.asked = Asked::AtFinding;
+                    pushed.push((k.clone(), p.etag.clone(), p.size));
+                }
             }
-            if let Some((_, earlier)) = inner.before_switch.take() {
-                listed.extend(earlier);
-            }
-            inner.before_switch = Some((now + SWITCH_GRACE, listed));
+            inner.forgive_at = Some(now + SWITCH_GRACE);
             self.silent.store(true, Ordering::Relaxed);
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let me = self.me.clone();
+                rt.spawn(async move {
+                    tokio::time::sleep(SWITCH_GRACE).await;
+                    if let Some(me) = me.upgrade() {
+                        me.pump();
+                    }
+                });
+            }
             return Some(pushed);
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current()
@@ -917,23 +971,20 @@ fn expire(inner: &mut Inner, now: Instant) -> Vec<HeldObject> {
 
 /// Objects pushed before the loader was found silent and not answered for
 /// within [`SWITCH_GRACE`] stop counting against the bound: the loader may
-/// have read them before it was asked for a sign ([`Inner::before_switch`]).
+/// have read them before it was asked for a sign ([`Asked::AtFinding`]).
 fn forgive(inner: &mut Inner, now: Instant) {
-    let Some((at, _)) = &inner.before_switch else {
-        return;
-    };
-    if now < *at {
+    if inner.forgive_at.is_none_or(|at| now < at) {
         return;
     }
-    let (_, listed) = inner.before_switch.take().expect("checked above");
-    for (key, since) in listed {
-        if inner
-            .placed
-            .get(&key)
-            .is_some_and(|p| p.since == since && p.to == Placed::PageCache)
-        {
-            inner.unplace(&key);
-        }
+    inner.forgive_at = None;
+    let listed: Vec<String> = inner
+        .placed
+        .iter()
+        .filter(|(_, p)| p.asked == Asked::AtFinding)
+        .map(|(k, _)| k.clone())
+        .collect();
+    for key in listed {
+        inner.unplace(&key);
     }
 }
 
@@ -1083,6 +1134,10 @@ mod tests {
         }
         settle(&p).await;
         assert!(found.lock().unwrap().is_empty(), "silent at once");
+        // Anyone's stat before any sign is asked for is no sign.
+        p.consumed("d/k001", Sign::Kernel);
+        settle(&p).await;
+        assert_eq!(store.gets.load(Ordering::Relaxed), 3, "a stat freed a slot");
         // The task that looks again after `SILENCE` finds it.
         tokio::time::sleep(SILENCE + Duration::from_millis(300)).await;
         settle(&p).await;
@@ -1101,6 +1156,9 @@ mod tests {
         assert!(p.wants_read_signal() && !p.awaits_sign("d/k001"));
         assert!(p.delivered("d/k004", &etag(4), 100), "no sign asked");
 
+        // Python's `open`: fstat (a GETATTR, answered), then its ioctl.
+        p.consumed("d/k002", Sign::Kernel);
+        assert!(p.wants_read_signal());
         p.consumed("d/k002", Sign::Own);
         assert!(!p.wants_read_signal(), "an own sign kept the asking");
         assert!(!p.awaits_sign("d/k003"));
@@ -1341,19 +1399,22 @@ mod tests {
     #[test]
     fn a_key_placed_twice_counts_once() {
         let mut inner = Inner::default();
-        let obj = |size| PlacedObject {
+        let obj = |size, to| PlacedObject {
             etag: "e".into(),
             size,
             since: Instant::now(),
-            to: Placed::DataCache,
+            to,
+            asked: Asked::Not,
         };
-        inner.place("d/a", obj(100));
-        inner.place("d/a", obj(100));
-        inner.place("d/b", obj(50));
-        assert_eq!(inner.placed_bytes, 150);
+        inner.place("d/a", obj(100, Placed::PageCache));
+        inner.place("d/a", obj(100, Placed::PageCache));
+        inner.place("d/b", obj(50, Placed::DataCache));
+        assert_eq!((inner.placed_bytes, inner.pushed), (150, 1));
+        inner.place("d/a", obj(100, Placed::DataCache));
+        assert_eq!((inner.placed_bytes, inner.pushed), (150, 0));
         assert!(inner.unplace("d/a").is_some());
         assert!(inner.unplace("d/a").is_none());
-        assert_eq!(inner.placed_bytes, 50);
+        assert_eq!((inner.placed_bytes, inner.pushed), (50, 0));
     }
 
     /// A prefetch GET that fails (here: the object changed since its
