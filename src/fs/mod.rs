@@ -554,13 +554,14 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// A small object [`Fs::on_small_fetched`] gave is in the page cache:
     /// it is written to the data cache, and counts against the small-object
     /// budget until [`Fs::small_consumed`] (or its read) says the loader got
-    /// to it. Returns whether the kernel's attributes of it are to be made
+    /// to it. `asked`: its attributes were made stale before it was put
+    /// there. Returns whether the kernel's attributes of it are to be made
     /// stale (as [`Fs::small_wants_read_signal`] was when it was counted).
     /// Needs a runtime context.
-    pub fn small_delivered(&self, key: &str, etag: &str, size: u64) -> bool {
+    pub fn small_delivered(&self, key: &str, etag: &str, size: u64, asked: bool) -> bool {
         self.small
             .as_ref()
-            .is_some_and(|small| small.delivered(key, etag, size))
+            .is_some_and(|small| small.delivered(key, etag, size, asked))
     }
 
     /// For a mount without opens that pushes prefetched objects

@@ -118,7 +118,7 @@ pub(super) fn push_prefetched<S: ObjectStore + WriteStore>(
                                 stale_attributes(n, ino);
                             }
                             if fill_page_cache(n, ino, &bytes)
-                                && fs.small_delivered(&key, &etag, size)
+                                && fs.small_delivered(&key, &etag, size, asked)
                                 && !asked
                             {
                                 stale_attributes(n, ino);

@@ -452,10 +452,11 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// [`UNREAD_TTL`] passes, so that bound still limits how far prefetch
     /// runs ahead of the loader. Counted as a hit now (state `pushed`), and
     /// none of its bytes as unused: whether the page cache kept it until the
-    /// loader read it is not known here. Returns whether a sign of the
-    /// loader at it is to be asked for ([`Self::wants_read_signal`] as it
-    /// was when the object was placed). Needs a runtime context.
-    pub(crate) fn delivered(&self, key: &str, etag: &str, size: u64) -> bool {
+    /// loader read it is not known here. `asked`: its attributes were made
+    /// stale before the store. Returns whether a sign of the loader at it
+    /// is to be asked for ([`Self::wants_read_signal`] as it was when the
+    /// object was placed). Needs a runtime context.
+    pub(crate) fn delivered(&self, key: &str, etag: &str, size: u64, asked: bool) -> bool {
         let mut inner = self.inner.lock().unwrap();
         let ask = self.silent.load(Ordering::Relaxed);
         match inner.held.get(key) {
@@ -470,7 +471,13 @@ impl<S: ObjectStore> SmallPrefetch<S> {
                 size: held.size,
                 since: held.since,
                 to: Placed::PageCache,
-                asked: if ask { Asked::AtPush } else { Asked::Not },
+                // Found silent between its store and now: it may have been
+                // read meanwhile, with fresh attributes.
+                asked: match (ask, asked) {
+                    (false, _) => Asked::Not,
+                    (true, true) => Asked::AtPush,
+                    (true, false) => Asked::AtFinding,
+                },
             };
             inner.place(key, obj);
         }
@@ -547,6 +554,12 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             self.silent.store(false, Ordering::Relaxed);
             inner.quiet_needed = Some(SILENCE_AFTER_OWN);
             inner.answered.clear();
+            // This loader signs each file: nothing needs forgiving, and the
+            // next finding asks again for all it lists.
+            inner.forgive_at = None;
+            for p in inner.placed.values_mut() {
+                p.asked = Asked::Not;
+            }
             tracing::info!(
                 "small-object read-ahead: the loader sends a request per file again; \
                  pushed files no longer get stale attributes"
@@ -801,8 +814,8 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         if let (Some(pushed), Some(f)) = (silenced, self.silenced.get()) {
             tracing::info!(
                 objects = pushed.len(),
-                "small-object read-ahead: no sign of the loader at prefetched files for {SILENCE:?} \
-                 while it waits at its bound; their reads now send one (a GETATTR each)"
+                "small-object read-ahead: no sign of the loader at prefetched files while it \
+                 waits at its bound; their reads now send one (a GETATTR each)"
             );
             f(pushed);
         }
@@ -1130,7 +1143,7 @@ mod tests {
         p.missed("d/k000", "d/", listing.clone(), None).await;
         settle(&p).await;
         for i in 1..=3 {
-            assert!(!p.delivered(&format!("d/k{i:03}"), &etag(i), 100));
+            assert!(!p.delivered(&format!("d/k{i:03}"), &etag(i), 100, false));
         }
         settle(&p).await;
         assert!(found.lock().unwrap().is_empty(), "silent at once");
@@ -1154,7 +1167,7 @@ mod tests {
         settle(&p).await;
         assert_eq!(store.gets.load(Ordering::Relaxed), 4, "no slot freed");
         assert!(p.wants_read_signal() && !p.awaits_sign("d/k001"));
-        assert!(p.delivered("d/k004", &etag(4), 100), "no sign asked");
+        assert!(p.delivered("d/k004", &etag(4), 100, false), "no sign asked");
 
         // Python's `open`: fstat (a GETATTR, answered), then its ioctl.
         p.consumed("d/k002", Sign::Kernel);
@@ -1162,6 +1175,11 @@ mod tests {
         p.consumed("d/k002", Sign::Own);
         assert!(!p.wants_read_signal(), "an own sign kept the asking");
         assert!(!p.awaits_sign("d/k003"));
+        // Nothing is forgiven for a loader that signs, and a later finding
+        // asks again for all it lists.
+        let inner = p.inner.lock().unwrap();
+        assert!(inner.forgive_at.is_none());
+        assert!(inner.placed.values().all(|o| o.asked == Asked::Not));
     }
 
     /// A pushed object holds its budget until the loader is seen at it;
@@ -1180,7 +1198,7 @@ mod tests {
         assert_eq!((gets(), p.unread_bytes()), (3, 300));
 
         // Pushed, then seen: held until seen.
-        p.delivered("d/k001", &etag(1), 100);
+        p.delivered("d/k001", &etag(1), 100, false);
         settle(&p).await;
         assert_eq!((gets(), p.unread_bytes()), (3, 300), "freed before seen");
         p.consumed("d/k001", Sign::Own);
@@ -1189,12 +1207,12 @@ mod tests {
 
         // Seen while still held (its push under way), then pushed.
         p.consumed("d/k002", Sign::Own);
-        p.delivered("d/k002", &etag(2), 100);
+        p.delivered("d/k002", &etag(2), 100, false);
         settle(&p).await;
         assert_eq!((gets(), p.unread_bytes()), (5, 300), "early sight lost");
 
         // Pushed, then read (no ioctl first).
-        p.delivered("d/k003", &etag(3), 100);
+        p.delivered("d/k003", &etag(3), 100, false);
         assert!(matches!(p.take("d/k003", &etag(3), 100), Taken::Missed(_)));
         settle(&p).await;
         assert_eq!((gets(), p.unread_bytes()), (6, 300), "a read freed nothing");
