@@ -366,6 +366,36 @@ fn a_loader_that_sends_no_request_per_file_gets_prefetch_past_the_budget() {
     assert_eq!(t.srv.request_count("GetObject"), 30);
 }
 
+/// Waits until three objects are pushed ahead of a loader not seen yet
+/// (room for three) and, after `SILENCE` (1 s), the loader is found silent
+/// and they get stale attributes; returns how many were pushed.
+fn found_silent(t: &NoOpen) -> f64 {
+    wait_for(Duration::from_secs(5), || fills(t) >= 3.0);
+    let held = fills(t);
+    assert!((1.0..=3.0).contains(&held), "{held} pushed with room for 3");
+    let asked = wait_for(Duration::from_secs(10), || stale(t) >= held);
+    assert!(asked.is_some(), "{} made stale\n{}", stale(t), t.m.log());
+    held
+}
+
+/// Reads `files` after the first in order with `std::fs::read` (no ioctl),
+/// `before` each, and checks that each read gives its room to the next
+/// object's push (`held` pushed ahead at the start).
+fn read_each_giving_room(t: &NoOpen, files: &[(String, Vec<u8>)], held: f64, before: impl Fn()) {
+    for (i, (k, d)) in files.iter().enumerate().skip(1) {
+        before();
+        assert!(std::fs::read(t.m.p(k)).unwrap() == *d, "{k} differs");
+        let want = (held + i as f64).min(29.0);
+        let next = wait_for(Duration::from_secs(5), || fills(t) >= want);
+        assert!(
+            next.is_some(),
+            "{} pushed after {i} files, want {want}\n{}",
+            fills(t),
+            t.m.log()
+        );
+    }
+}
+
 /// A loader that sends no request per file is not seen at pushed objects,
 /// so prefetch waits at half the data cache's size limit. Once it has
 /// waited there a second with no sign, pushed objects get stale attributes
@@ -376,25 +406,9 @@ fn a_loader_that_sends_no_request_per_file_gets_prefetch_past_the_budget() {
 fn a_silent_loader_is_asked_for_a_sign_when_prefetch_waits_for_it() {
     // Half of 32 KiB: room for three objects of 5,000 bytes ahead.
     let (_dir, t, files) = one_in_memory("s", "max_size = \"32KiB\"\n");
-    wait_for(Duration::from_secs(5), || fills(&t) >= 3.0);
-    let held = fills(&t);
-    assert!((1.0..=3.0).contains(&held), "{held} pushed with room for 3");
-    // After `SILENCE` (1 s) the loader is found silent, and the objects
-    // pushed get stale attributes.
-    let asked = wait_for(Duration::from_secs(10), || stale(&t) >= held);
-    assert!(asked.is_some(), "{} made stale\n{}", stale(&t), t.m.log());
-    for (i, (k, d)) in files.iter().enumerate().skip(1) {
-        // `std::fs::read` stats the file, then reads it: no ioctl.
-        assert!(std::fs::read(t.m.p(k)).unwrap() == *d, "{k} differs");
-        let want = (held + i as f64).min(29.0);
-        let next = wait_for(Duration::from_secs(5), || fills(&t) >= want);
-        assert!(
-            next.is_some(),
-            "{} pushed after {i} files, want {want}\n{}",
-            fills(&t),
-            t.m.log()
-        );
-    }
+    let held = found_silent(&t);
+    // `std::fs::read` stats the file, then reads it: no ioctl.
+    read_each_giving_room(&t, &files, held, || ());
     let after = scrape(&t.addr);
     assert_eq!(fills(&t), 29.0, "pushed other than each object once");
     assert_eq!(op(&after, "ioctl"), 0.0, "{after}");
@@ -412,23 +426,11 @@ fn a_silent_loader_whose_entries_expired_still_gives_its_sign() {
         "l",
         "max_size = \"32KiB\"\n[metadata]\nkernel_ttl_secs = 1.0\n",
     );
-    wait_for(Duration::from_secs(5), || fills(&t) >= 3.0);
-    let held = fills(&t);
-    assert!((1.0..=3.0).contains(&held), "{held} pushed with room for 3");
+    let held = found_silent(&t);
     // The entries the listing gave expire.
     std::thread::sleep(Duration::from_millis(1_500));
     let lookups = op(&scrape(&t.addr), "lookup");
-    for (i, (k, d)) in files.iter().enumerate().skip(1) {
-        assert!(std::fs::read(t.m.p(k)).unwrap() == *d, "{k} differs");
-        let want = (held + i as f64).min(29.0);
-        let next = wait_for(Duration::from_secs(5), || fills(&t) >= want);
-        assert!(
-            next.is_some(),
-            "{} pushed after {i} files, want {want}\n{}",
-            fills(&t),
-            t.m.log()
-        );
-    }
+    read_each_giving_room(&t, &files, held, || ());
     let after = scrape(&t.addr);
     assert!(op(&after, "lookup") - lookups >= 26.0, "{after}");
     assert_eq!(t.srv.request_count("GetObject"), 30);
@@ -441,23 +443,11 @@ fn a_silent_loader_whose_entries_expired_still_gives_its_sign() {
 #[test]
 fn a_listing_made_while_signs_are_asked_for_keeps_them_asked() {
     let (_dir, t, files) = one_in_memory("v", "max_size = \"32KiB\"\n");
-    wait_for(Duration::from_secs(5), || fills(&t) >= 3.0);
-    let held = fills(&t);
-    assert!((1.0..=3.0).contains(&held), "{held} pushed with room for 3");
-    let asked = wait_for(Duration::from_secs(10), || stale(&t) >= held);
-    assert!(asked.is_some(), "{} made stale\n{}", stale(&t), t.m.log());
-    for (i, (k, d)) in files.iter().enumerate().skip(1) {
-        // The loader's index lists the directory again (a READDIRPLUS).
+    let held = found_silent(&t);
+    // The loader's index lists the directory again (a READDIRPLUS) before
+    // each read.
+    read_each_giving_room(&t, &files, held, || {
         assert_eq!(names(&t.m.p("v")).len(), 30);
-        assert!(std::fs::read(t.m.p(k)).unwrap() == *d, "{k} differs");
-        let want = (held + i as f64).min(29.0);
-        let next = wait_for(Duration::from_secs(5), || fills(&t) >= want);
-        assert!(
-            next.is_some(),
-            "{} pushed after {i} files, want {want}\n{}",
-            fills(&t),
-            t.m.log()
-        );
-    }
+    });
     assert_eq!(t.srv.request_count("GetObject"), 30);
 }

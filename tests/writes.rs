@@ -20,6 +20,22 @@ fn rw(server: &TestServer, bucket: &str, staging: &Path, config: &str) -> Mount 
         .mount()
 }
 
+/// [`rw`] with no config and metrics served at the address returned.
+fn rw_with_metrics(server: &TestServer, bucket: &str, staging: &Path) -> (Mount, String) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let m = MountSpec::new(bucket)
+        .server(server)
+        .args(&[
+            "--read-write",
+            "--staging-dir",
+            staging.to_str().unwrap(),
+            "--metrics-addr",
+            &addr,
+        ])
+        .mount();
+    (m, addr)
+}
+
 /// Waits (up to 120 s) until the bucket holds `want` at `key`.
 fn wait_uploaded(server: &TestServer, bucket: &str, key: &str, want: &[u8], m: &Mount) {
     let ok = wait_for(Duration::from_secs(120), || {
@@ -624,17 +640,7 @@ fn renames_past_one_copy_object_copy_part_by_part() {
 fn writers_go_to_staging_by_passthrough() {
     let b = bucket("w-passthrough");
     let staging = TempDir::new("staging");
-    let addr = format!("127.0.0.1:{}", free_port());
-    let m = MountSpec::new(&b)
-        .server(server())
-        .args(&[
-            "--read-write",
-            "--staging-dir",
-            staging.0.to_str().unwrap(),
-            "--metrics-addr",
-            &addr,
-        ])
-        .mount();
+    let (m, addr) = rw_with_metrics(server(), &b, &staging.0);
     let path = m.p("ckpt/rank-0.pt");
     std::fs::create_dir_all(m.p("ckpt")).unwrap();
     let mut want = data(24 << 20, 11);
@@ -907,17 +913,7 @@ fn a_file_reopened_for_writing_right_after_close_is_not_busy() {
     let server = private_server();
     let b = bucket_on(&server, "w-reopen");
     let staging = TempDir::new("staging-reopen");
-    let addr = format!("127.0.0.1:{}", free_port());
-    let m = MountSpec::new(&b)
-        .server(&server)
-        .args(&[
-            "--read-write",
-            "--staging-dir",
-            staging.0.to_str().unwrap(),
-            "--metrics-addr",
-            &addr,
-        ])
-        .mount();
+    let (m, addr) = rw_with_metrics(&server, &b, &staging.0);
     std::fs::create_dir(m.p("r")).unwrap();
     let wants: Vec<Vec<u8>> = std::thread::scope(|s| {
         let writers: Vec<_> = (0..4)
