@@ -54,47 +54,15 @@ use crate::meta::{DirListing, EntryKind};
 use crate::store::{ObjectStore, Segments, Urgency};
 use crate::telemetry::metrics as m;
 
+mod signs;
+use signs::{Asked, Silenced, forgive};
+pub use signs::{SILENCE, Sign};
+
 /// An object prefetched but not opened for this long is dropped (waste). 10
 /// minutes: a shuffled epoch over a directory's objects reads them within
 /// one epoch, and an epoch over a data set the budget holds takes minutes;
 /// memory of objects a loader never opens comes back.
 pub const UNREAD_TTL: Duration = Duration::from_secs(600);
-
-/// How long prefetch waits at [`SmallPrefetch::ahead_cap`] with no sign of
-/// the loader at a prefetched object before it asks the kernel for one
-/// ([`SmallPrefetch::on_silent`]). A loader that sends a request per file
-/// (an open, or Python's ioctl) gives one every few milliseconds while it
-/// reads; one second of none while prefetch waits is a loader that sends
-/// none, or one that paused.
-pub const SILENCE: Duration = Duration::from_secs(1);
-
-/// How long prefetch waits at its bound with no sign before the loader is
-/// found silent again, after a sign of the loader's own ended the asking: a
-/// slow Python loader is not switched back and forth every second.
-const SILENCE_AFTER_OWN: Duration = Duration::from_secs(60);
-
-/// Objects pushed before the loader was found silent that it does not
-/// answer for this long after stop counting against
-/// [`SmallPrefetch::ahead_cap`]: it may have read them before it was asked
-/// for a sign, and then never sends one for them.
-const SWITCH_GRACE: Duration = Duration::from_secs(10);
-
-/// Keys answered by a sign the kernel sent while the loader is asked for
-/// signs, remembered so that its own sign coming after (Python's `open`
-/// makes `fstat`, a GETATTR, before its ioctl) still ends the asking.
-const ANSWERED: usize = 64;
-
-/// How a loader was seen at a prefetched object
-/// ([`SmallPrefetch::consumed`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sign {
-    /// A request the loader sends of itself for each file it reads: Python's
-    /// ioctl (TCGETS, from `isatty`). A loader that sends it is not silent.
-    Own,
-    /// A request the kernel sends for it: a GETATTR (stale attributes) or a
-    /// LOOKUP (an expired entry) of the file.
-    Kernel,
-}
 
 /// How long before a directory's round began an open may have come and
 /// still count in that round: opens of several readers racing with the
@@ -179,12 +147,12 @@ struct Inner {
     /// Objects of `placed` in the page cache ([`Placed::PageCache`]).
     pushed: usize,
     /// When objects listed at the last finding of a silent loader
-    /// ([`Asked::AtFinding`]) stop counting ([`SWITCH_GRACE`]).
+    /// ([`Asked::AtFinding`]) stop counting ([`signs::SWITCH_GRACE`]).
     forgive_at: Option<Instant>,
-    /// The last [`ANSWERED`] keys answered by a sign the kernel sent.
+    /// The last [`signs::ANSWERED`] keys answered by a sign the kernel sent.
     answered: VecDeque<String>,
     /// How long prefetch waits at its bound with no sign before the loader
-    /// is found silent: [`SILENCE`], or [`SILENCE_AFTER_OWN`] once a sign of
+    /// is found silent: [`SILENCE`], or [`signs::SILENCE_AFTER_OWN`] once a sign of
     /// its own ended the asking. `None`: [`SILENCE`].
     quiet_needed: Option<Duration>,
 }
@@ -198,19 +166,6 @@ struct PlacedObject {
     to: Placed,
     /// Whether a sign of the loader at it was asked for.
     asked: Asked,
-}
-
-/// Whether a sign of the loader at a pushed object was asked for (its
-/// kernel attributes made stale; [`SmallPrefetch::on_silent`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Asked {
-    /// No: pushed while the loader was not found silent.
-    Not,
-    /// At its push, the loader being found silent.
-    AtPush,
-    /// When the loader was found silent, after its push: it may have been
-    /// read already, so it stops counting at [`Inner::forgive_at`].
-    AtFinding,
 }
 
 impl Inner {
@@ -246,10 +201,6 @@ enum Placed {
 /// How often held objects are checked for [`UNREAD_TTL`] while nothing else
 /// happens (an idle mount gives their memory back).
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
-
-/// What [`SmallPrefetch::on_silent`] registers: called with key, ETag and
-/// size in bytes of each object pushed to the page cache and not seen read.
-type Silenced = Box<dyn Fn(Vec<(String, String, u64)>) + Send + Sync>;
 
 /// The small-object prefetcher of one mount. Cheap to share (`Arc`).
 pub struct SmallPrefetch<S> {
@@ -323,42 +274,6 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// ([`Self::spill`]). Only the first registration counts.
     pub fn on_fetched(&self, f: impl Fn(&str, &str, u64, Bytes) -> bool + Send + Sync + 'static) {
         let _ = self.fetched.set(Box::new(f));
-    }
-
-    /// Registers `f`, called off the prefetcher's lock when prefetch has
-    /// waited at [`Self::ahead_cap`] for [`SILENCE`] and the loader was not
-    /// seen at a prefetched object meanwhile (a loader that sends no request
-    /// per file: C or Rust readers, CPython 3.14+): with every object pushed
-    /// to the page cache ([`Self::delivered`]), not seen read and not asked
-    /// a sign of yet (key, ETag, size), whose reads should then send the
-    /// kernel's request that [`Self::consumed`] is told of ([`Sign::Kernel`]).
-    /// From then on [`Self::wants_read_signal`] is true, until the loader
-    /// sends a sign of its own ([`Sign::Own`]; the next finding then needs
-    /// [`SILENCE_AFTER_OWN`]); those of the listed objects it does not
-    /// answer for within [`SWITCH_GRACE`] stop counting. Only the first
-    /// registration counts.
-    pub fn on_silent(&self, f: impl Fn(Vec<(String, String, u64)>) + Send + Sync + 'static) {
-        let _ = self.silenced.set(Box::new(f));
-    }
-
-    /// Whether objects pushed to the page cache from now on should make
-    /// their reads send a request ([`Self::on_silent`]).
-    pub fn wants_read_signal(&self) -> bool {
-        self.silent.load(Ordering::Relaxed)
-    }
-
-    /// Whether `key` was pushed to the page cache and a sign of the loader
-    /// at it is asked for ([`Self::on_silent`]): the kernel should keep its
-    /// attributes for no time, so that the loader's stat or open sends one.
-    pub fn awaits_sign(&self, key: &str) -> bool {
-        self.wants_read_signal()
-            && self
-                .inner
-                .lock()
-                .unwrap()
-                .placed
-                .get(key)
-                .is_some_and(|p| p.to == Placed::PageCache)
     }
 
     /// Whether an object of `size` bytes is small enough to prefetch.
@@ -545,34 +460,8 @@ impl<S: ObjectStore> SmallPrefetch<S> {
     /// kernel's sign answered just before, ends the asking.
     pub(crate) fn consumed(&self, key: &str, sign: Sign) {
         let mut inner = self.inner.lock().unwrap();
-        let asking = self.silent.load(Ordering::Relaxed);
-        if sign == Sign::Kernel && !asking {
+        if !self.note_sign(&mut inner, key, sign) {
             return;
-        }
-        let known = inner.placed.contains_key(key) || inner.held.contains_key(key);
-        if asking && sign == Sign::Own && (known || inner.answered.iter().any(|k| k == key)) {
-            self.silent.store(false, Ordering::Relaxed);
-            inner.quiet_needed = Some(SILENCE_AFTER_OWN);
-            inner.answered.clear();
-            // This loader signs each file: nothing needs forgiving, and the
-            // next finding asks again for all it lists.
-            inner.forgive_at = None;
-            for p in inner.placed.values_mut() {
-                p.asked = Asked::Not;
-            }
-            tracing::info!(
-                "small-object read-ahead: the loader sends a request per file again; \
-                 pushed files no longer get stale attributes"
-            );
-        }
-        if known {
-            inner.seen_at = Some(Instant::now());
-            if sign == Sign::Kernel {
-                if inner.answered.len() >= ANSWERED {
-                    inner.answered.pop_front();
-                }
-                inner.answered.push_back(key.to_string());
-            }
         }
         if inner
             .placed
@@ -821,62 +710,6 @@ impl<S: ObjectStore> SmallPrefetch<S> {
         }
     }
 
-    /// Whether the loader is found silent now (see [`Self::on_silent`]),
-    /// with the queue waiting at [`Self::ahead_cap`] (`capped`): the pushed
-    /// objects not seen read, once per finding. While the queue waits and
-    /// the loader is not found silent, a task looks again after [`SILENCE`].
-    fn silence(
-        &self,
-        inner: &mut Inner,
-        capped: bool,
-        now: Instant,
-    ) -> Option<Vec<(String, String, u64)>> {
-        if !capped {
-            inner.capped_since = None;
-            return None;
-        }
-        let since = *inner.capped_since.get_or_insert(now);
-        if self.silent.load(Ordering::Relaxed) || self.silenced.get().is_none() {
-            return None;
-        }
-        let needed = inner.quiet_needed.unwrap_or(SILENCE);
-        let quiet = |t: Instant| now.duration_since(t) >= needed;
-        if quiet(since) && inner.seen_at.is_none_or(quiet) && inner.pushed > 0 {
-            let mut pushed = Vec::new();
-            for (k, p) in inner.placed.iter_mut() {
-                if p.to == Placed::PageCache && p.asked == Asked::Not {
-                    p.asked = Asked::AtFinding;
-                    pushed.push((k.clone(), p.etag.clone(), p.size));
-                }
-            }
-            inner.forgive_at = Some(now + SWITCH_GRACE);
-            self.silent.store(true, Ordering::Relaxed);
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let me = self.me.clone();
-                rt.spawn(async move {
-                    tokio::time::sleep(SWITCH_GRACE).await;
-                    if let Some(me) = me.upgrade() {
-                        me.pump();
-                    }
-                });
-            }
-            return Some(pushed);
-        }
-        if let Ok(rt) = tokio::runtime::Handle::try_current()
-            && !self.rechecking.swap(true, Ordering::Relaxed)
-        {
-            let me = self.me.clone();
-            rt.spawn(async move {
-                tokio::time::sleep(SILENCE).await;
-                if let Some(me) = me.upgrade() {
-                    me.rechecking.store(false, Ordering::Relaxed);
-                    me.pump();
-                }
-            });
-        }
-        None
-    }
-
     /// Most bytes prefetch may run ahead of the loader, in memory and placed
     /// out of it together: the unread budget; with a data cache, at least
     /// half the cache's size limit, since a placed object is held by the
@@ -982,25 +815,6 @@ fn expire(inner: &mut Inner, now: Instant) -> Vec<HeldObject> {
     out
 }
 
-/// Objects pushed before the loader was found silent and not answered for
-/// within [`SWITCH_GRACE`] stop counting against the bound: the loader may
-/// have read them before it was asked for a sign ([`Asked::AtFinding`]).
-fn forgive(inner: &mut Inner, now: Instant) {
-    if inner.forgive_at.is_none_or(|at| now < at) {
-        return;
-    }
-    inner.forgive_at = None;
-    let listed: Vec<String> = inner
-        .placed
-        .iter()
-        .filter(|(_, p)| p.asked == Asked::AtFinding)
-        .map(|(k, _)| k.clone())
-        .collect();
-    for key in listed {
-        inner.unplace(&key);
-    }
-}
-
 /// `key`, opened with nothing prefetched, is read by its opener: a copy a
 /// racing scan queued or fetched since that open (the open took any earlier
 /// one out) is taken out and returned, to be dropped outside the lock; and
@@ -1038,416 +852,4 @@ fn remember<V>(map: &mut HashMap<String, V>, key: &str, v: V) -> Option<V> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::meta::ListedEntry;
-    use crate::store::mem::MemStore;
-    use std::sync::atomic::Ordering;
-
-    /// `n` objects `d/k{i}` of `size` bytes in `store`, and their listing.
-    fn dir(store: &MemStore, n: usize, size: usize) -> Arc<DirListing> {
-        let entries = (0..n)
-            .map(|i| {
-                let etag = store.put(&format!("d/k{i:03}"), vec![i as u8; size]);
-                ListedEntry {
-                    name: format!("k{i:03}"),
-                    kind: EntryKind::File,
-                    size: size as u64,
-                    etag,
-                    mtime: None,
-                }
-            })
-            .collect();
-        Arc::new(DirListing {
-            entries,
-            fetched: Instant::now(),
-            served_stale: Default::default(),
-        })
-    }
-
-    fn prefetcher(
-        store: &Arc<MemStore>,
-        budget: u64,
-        in_flight: usize,
-    ) -> Arc<SmallPrefetch<MemStore>> {
-        let c = ReadConfig {
-            small_max_size: 1000,
-            small_max_in_flight: in_flight,
-            small_budget: Some(budget),
-            ..ReadConfig::default()
-        };
-        SmallPrefetch::new(store.clone(), &c, MemoryBudget::new(1 << 20), None).unwrap()
-    }
-
-    /// Waits until no prefetch GET is in flight and none starts for a while
-    /// (a GET's end sends the next from a task of its own).
-    async fn settle(p: &SmallPrefetch<MemStore>) {
-        let mut quiet = 0;
-        for _ in 0..10_000 {
-            if p.in_flight.load(Ordering::Relaxed) == 0 {
-                quiet += 1;
-                if quiet >= 20 {
-                    return;
-                }
-            } else {
-                quiet = 0;
-            }
-            tokio::task::yield_now().await;
-        }
-        panic!("prefetch GETs did not end");
-    }
-
-    /// A scan fetches the directory's others up to the unread budget and
-    /// stops; each take frees room for the next; a taken object's bytes are
-    /// the object's, at the listed ETag; a second scan of the same listing
-    /// does nothing.
-    #[tokio::test]
-    async fn the_budget_stops_prefetch_and_takes_resume_it() {
-        let store = Arc::new(MemStore::default());
-        let listing = dir(&store, 10, 100);
-        let p = prefetcher(&store, 300, 64);
-        p.take("d/k000", &listing.entries[0].etag, 100);
-        p.missed("d/k000", "d/", listing.clone(), None).await;
-        settle(&p).await;
-        assert_eq!(store.gets.load(Ordering::Relaxed), 3, "300 bytes of 100");
-        assert_eq!((p.unread_bytes(), p.queued()), (300, 6));
-        p.missed("d/k000", "d/", listing.clone(), None).await;
-        assert_eq!(p.queued(), 6, "same listing: not queued again");
-        let Taken::Prefetched(part) = p.take("d/k001", &listing.entries[1].etag, 100) else {
-            panic!("k001 not prefetched");
-        };
-        assert_eq!(&part.bytes().unwrap().slice(0, 100)[..], &[1u8; 100][..]);
-        settle(&p).await;
-        assert_eq!(
-            store.gets.load(Ordering::Relaxed),
-            4,
-            "one freed slot, one GET"
-        );
-        assert_eq!(p.unread_bytes(), 300);
-    }
-
-    /// Prefetch waiting at its bound with objects pushed and no sign of the
-    /// loader for [`SILENCE`] finds it silent: the callback gets the pushed
-    /// objects, and later pushes ask for a sign. A sign the kernel sends
-    /// frees a slot and keeps the asking; a sign of the loader's own ends it.
-    #[tokio::test]
-    async fn a_loader_with_no_sign_for_a_second_is_found_silent_until_it_sends_one() {
-        let store = Arc::new(MemStore::default());
-        let listing = dir(&store, 10, 100);
-        let p = prefetcher(&store, 300, 64);
-        let found = Arc::new(Mutex::new(Vec::new()));
-        let f = found.clone();
-        p.on_silent(move |objs| f.lock().unwrap().push(objs));
-        let etag = |i: usize| listing.entries[i].etag.clone();
-        p.take("d/k000", &etag(0), 100);
-        p.missed("d/k000", "d/", listing.clone(), None).await;
-        settle(&p).await;
-        for i in 1..=3 {
-            assert!(!p.delivered(&format!("d/k{i:03}"), &etag(i), 100, false));
-        }
-        settle(&p).await;
-        assert!(found.lock().unwrap().is_empty(), "silent at once");
-        // Anyone's stat before any sign is asked for is no sign.
-        p.consumed("d/k001", Sign::Kernel);
-        settle(&p).await;
-        assert_eq!(store.gets.load(Ordering::Relaxed), 3, "a stat freed a slot");
-        // The task that looks again after `SILENCE` finds it.
-        tokio::time::sleep(SILENCE + Duration::from_millis(300)).await;
-        settle(&p).await;
-        let mut keys: Vec<String> = {
-            let found = found.lock().unwrap();
-            assert_eq!(found.len(), 1, "found silent other than once");
-            found[0].iter().map(|(k, _, _)| k.clone()).collect()
-        };
-        keys.sort();
-        assert_eq!(keys, ["d/k001", "d/k002", "d/k003"]);
-        assert!(p.wants_read_signal() && p.awaits_sign("d/k001"));
-
-        p.consumed("d/k001", Sign::Kernel);
-        settle(&p).await;
-        assert_eq!(store.gets.load(Ordering::Relaxed), 4, "no slot freed");
-        assert!(p.wants_read_signal() && !p.awaits_sign("d/k001"));
-        assert!(p.delivered("d/k004", &etag(4), 100, false), "no sign asked");
-
-        // Python's `open`: fstat (a GETATTR, answered), then its ioctl.
-        p.consumed("d/k002", Sign::Kernel);
-        assert!(p.wants_read_signal());
-        p.consumed("d/k002", Sign::Own);
-        assert!(!p.wants_read_signal(), "an own sign kept the asking");
-        assert!(!p.awaits_sign("d/k003"));
-        // Nothing is forgiven for a loader that signs, and a later finding
-        // asks again for all it lists.
-        let inner = p.inner.lock().unwrap();
-        assert!(inner.forgive_at.is_none());
-        assert!(inner.placed.values().all(|o| o.asked == Asked::Not));
-    }
-
-    /// A pushed object holds its budget until the loader is seen at it;
-    /// seen before its push lands, the push frees it at once; a read of a
-    /// pushed object frees it too. Each freed slot sends the next GET.
-    #[tokio::test]
-    async fn pushed_objects_free_their_budget_whenever_the_loader_is_seen() {
-        let store = Arc::new(MemStore::default());
-        let listing = dir(&store, 10, 100);
-        let p = prefetcher(&store, 300, 64);
-        let etag = |i: usize| listing.entries[i].etag.clone();
-        p.take("d/k000", &etag(0), 100);
-        p.missed("d/k000", "d/", listing.clone(), None).await;
-        settle(&p).await;
-        let gets = || store.gets.load(Ordering::Relaxed);
-        assert_eq!((gets(), p.unread_bytes()), (3, 300));
-
-        // Pushed, then seen: held until seen.
-        p.delivered("d/k001", &etag(1), 100, false);
-        settle(&p).await;
-        assert_eq!((gets(), p.unread_bytes()), (3, 300), "freed before seen");
-        p.consumed("d/k001", Sign::Own);
-        settle(&p).await;
-        assert_eq!((gets(), p.unread_bytes()), (4, 300));
-
-        // Seen while still held (its push under way), then pushed.
-        p.consumed("d/k002", Sign::Own);
-        p.delivered("d/k002", &etag(2), 100, false);
-        settle(&p).await;
-        assert_eq!((gets(), p.unread_bytes()), (5, 300), "early sight lost");
-
-        // Pushed, then read (no ioctl first).
-        p.delivered("d/k003", &etag(3), 100, false);
-        assert!(matches!(p.take("d/k003", &etag(3), 100), Taken::Missed(_)));
-        settle(&p).await;
-        assert_eq!((gets(), p.unread_bytes()), (6, 300), "a read freed nothing");
-        assert!(p.inner.lock().unwrap().held.values().all(|h| !h.seen));
-    }
-
-    /// The held objects' keys, sorted.
-    fn held_keys(p: &SmallPrefetch<MemStore>) -> Vec<String> {
-        let inner = p.inner.lock().unwrap();
-        let mut k: Vec<String> = inner.held.keys().cloned().collect();
-        k.sort();
-        k
-    }
-
-    /// Readers open their first objects of a directory at once: whichever
-    /// first read scans, and whether the others' first reads come before
-    /// or after that scan, no object opened in that race is fetched again
-    /// (its opener reads it), nor held unread; later first reads of the
-    /// round do not scan.
-    #[tokio::test]
-    async fn objects_opened_in_a_race_with_a_scan_are_not_fetched_again() {
-        let ttl = Duration::from_secs(60);
-        for in_flight in [1, 64] {
-            // Three openers; the last one's first read scans first.
-            let (p, listing) = opened_in_order(in_flight, &[1, 2, 0]).await;
-            assert!(p.first_read("d/k000", "d/", None, ttl));
-            p.missed("d/k000", "d/", listing.clone(), None).await;
-            assert!(!p.first_read("d/k001", "d/", None, ttl));
-            assert!(!p.first_read("d/k002", "d/", None, ttl));
-            settle(&p).await;
-            assert_eq!(held_keys(&p), ["d/k003", "d/k004", "d/k005"]);
-            assert_eq!((p.unread_bytes(), p.queued()), (300, 0));
-
-            // Two openers; the earlier one's first read scans first.
-            let (p, listing) = opened_in_order(in_flight, &[1, 0]).await;
-            assert!(p.first_read("d/k001", "d/", None, ttl));
-            p.missed("d/k001", "d/", listing.clone(), None).await;
-            assert!(!p.first_read("d/k000", "d/", None, ttl));
-            settle(&p).await;
-            assert_eq!(held_keys(&p), ["d/k002", "d/k003", "d/k004", "d/k005"]);
-            assert_eq!(p.unread_bytes(), 400);
-
-            // Both first reads before either scan; the later opener's scan
-            // runs first and queues the earlier one's object.
-            let (p, listing) = opened_in_order(in_flight, &[1, 0]).await;
-            assert!(p.first_read("d/k001", "d/", None, ttl));
-            assert!(p.first_read("d/k000", "d/", None, ttl));
-            p.missed("d/k000", "d/", listing.clone(), None).await;
-            p.missed("d/k001", "d/", listing.clone(), None).await;
-            settle(&p).await;
-            assert_eq!(held_keys(&p), ["d/k002", "d/k003", "d/k004", "d/k005"]);
-            assert_eq!(p.unread_bytes(), 400);
-        }
-    }
-
-    /// A prefetcher (`in_flight` GETs at once) over a fresh directory of six
-    /// 100-byte objects, of which `order` (indices) were opened, 2 ms apart,
-    /// with nothing prefetched; and the directory's listing.
-    async fn opened_in_order(
-        in_flight: usize,
-        order: &[usize],
-    ) -> (Arc<SmallPrefetch<MemStore>>, Arc<DirListing>) {
-        let store = Arc::new(MemStore::default());
-        let listing = dir(&store, 6, 100);
-        let p = prefetcher(&store, 1000, in_flight);
-        for &i in order {
-            let taken = p.take(&format!("d/k{i:03}"), &listing.entries[i].etag, 100);
-            assert!(matches!(taken, Taken::Missed(None)));
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        (p, listing)
-    }
-
-    /// An open of a queued object takes it out of the queue (its own read
-    /// fetches it, no prefetch GET follows); an object held at another ETag
-    /// is dropped, not given out.
-    #[tokio::test]
-    async fn queued_objects_leave_the_queue_and_changed_ones_are_dropped() {
-        let store = Arc::new(MemStore::default());
-        let listing = dir(&store, 5, 100);
-        let p = prefetcher(&store, 1000, 1);
-        p.take("d/k000", &listing.entries[0].etag, 100);
-        p.missed("d/k000", "d/", listing.clone(), None).await;
-        // One in flight (k001), k002..k004 queued.
-        assert!(matches!(
-            p.take("d/k003", &listing.entries[3].etag, 100),
-            Taken::Missed(None)
-        ));
-        settle(&p).await;
-        assert!(
-            matches!(p.take("d/k001", "\"other\"", 100), Taken::Missed(None)),
-            "changed ETag"
-        );
-        settle(&p).await;
-        let fetched: Vec<String> = {
-            let inner = p.inner.lock().unwrap();
-            let mut k: Vec<String> = inner.held.keys().cloned().collect();
-            k.sort();
-            k
-        };
-        assert_eq!(fetched, ["d/k002", "d/k004"], "k003 never fetched");
-        assert_eq!(store.gets.load(Ordering::Relaxed), 3);
-    }
-
-    /// Objects held past UNREAD_TTL are dropped with their bytes; younger
-    /// ones stay.
-    #[tokio::test]
-    async fn unread_objects_expire() {
-        let store = Arc::new(MemStore::default());
-        let listing = dir(&store, 3, 100);
-        let p = prefetcher(&store, 1000, 64);
-        p.missed("d/k000", "d/", listing, None).await;
-        settle(&p).await;
-        let mut inner = p.inner.lock().unwrap();
-        assert!(expire(&mut inner, Instant::now()).is_empty());
-        let later = Instant::now() + UNREAD_TTL;
-        assert_eq!(expire(&mut inner, later).len(), 3);
-        assert_eq!((inner.unread, inner.held.len()), (0, 0));
-    }
-
-    /// Objects opened in a round are not fetched again by a later scan of
-    /// a new listing in that round; an object read from S3 again after it
-    /// was opened in the round starts the next round, which fetches them all.
-    #[tokio::test]
-    async fn a_read_again_starts_the_next_round() {
-        let store = Arc::new(MemStore::default());
-        let listing = dir(&store, 4, 100);
-        let p = prefetcher(&store, 1000, 64);
-        let etag = |i: usize| listing.entries[i].etag.clone();
-        assert!(matches!(
-            p.take("d/k000", &etag(0), 100),
-            Taken::Missed(None)
-        ));
-        p.missed("d/k000", "d/", listing.clone(), None).await;
-        settle(&p).await;
-        for i in 1..4 {
-            assert!(matches!(
-                p.take(&format!("d/k{i:03}"), &etag(i), 100),
-                Taken::Prefetched(_)
-            ));
-        }
-        assert_eq!(store.gets.load(Ordering::Relaxed), 3);
-        // A new listing of the same round: everything was opened, no GET.
-        let relisted = Arc::new(DirListing {
-            entries: listing.entries.clone(),
-            fetched: Instant::now(),
-            served_stale: Default::default(),
-        });
-        p.missed("d/k001", "d/", relisted.clone(), None).await;
-        settle(&p).await;
-        assert_eq!(store.gets.load(Ordering::Relaxed), 3);
-        // k002 is read from S3 again: its earlier open was in this round.
-        let Taken::Missed(Some(before)) = p.take("d/k002", &etag(2), 100) else {
-            panic!("k002 was opened before");
-        };
-        p.missed("d/k002", "d/", relisted, Some(before)).await;
-        settle(&p).await;
-        assert_eq!(
-            store.gets.load(Ordering::Relaxed),
-            6,
-            "k000, k001, k003 again"
-        );
-        assert_eq!(p.unread_bytes(), 300);
-    }
-
-    /// An unscanned directory may be scanned; after its scan, a miss of the
-    /// same round may not (its listing is younger than the TTL), while a
-    /// read again (next round) or a listing past the TTL may.
-    #[tokio::test]
-    async fn only_a_new_round_or_listing_may_scan_again() {
-        let store = Arc::new(MemStore::default());
-        let listing = dir(&store, 4, 100);
-        let p = prefetcher(&store, 1000, 64);
-        let ttl = Duration::from_secs(60);
-        assert!(p.first_read("d/k000", "d/", None, ttl));
-        let Taken::Missed(None) = p.take("d/k000", &listing.entries[0].etag, 100) else {
-            panic!("k000 not opened before");
-        };
-        p.missed("d/k000", "d/", listing.clone(), None).await;
-        settle(&p).await;
-        assert!(
-            !p.first_read("d/k001", "d/", None, ttl),
-            "same round, fresh listing"
-        );
-        assert!(p.first_read("e/k000", "e/", None, ttl), "another directory");
-        let Taken::Missed(Some(before)) = p.take("d/k000", &listing.entries[0].etag, 100) else {
-            panic!("k000 was opened before");
-        };
-        assert!(
-            p.first_read("d/k000", "d/", Some(before), ttl),
-            "read again: next round"
-        );
-        assert!(
-            p.first_read("d/k001", "d/", None, Duration::ZERO),
-            "listing past its TTL"
-        );
-    }
-
-    /// An object placed out of memory twice (fetched again by a later scan
-    /// before its first copy was opened) counts once, and nothing once it
-    /// is taken.
-    #[test]
-    fn a_key_placed_twice_counts_once() {
-        let mut inner = Inner::default();
-        let obj = |size, to| PlacedObject {
-            etag: "e".into(),
-            size,
-            since: Instant::now(),
-            to,
-            asked: Asked::Not,
-        };
-        inner.place("d/a", obj(100, Placed::PageCache));
-        inner.place("d/a", obj(100, Placed::PageCache));
-        inner.place("d/b", obj(50, Placed::DataCache));
-        assert_eq!((inner.placed_bytes, inner.pushed), (150, 1));
-        inner.place("d/a", obj(100, Placed::DataCache));
-        assert_eq!((inner.placed_bytes, inner.pushed), (150, 0));
-        assert!(inner.unplace("d/a").is_some());
-        assert!(inner.unplace("d/a").is_none());
-        assert_eq!((inner.placed_bytes, inner.pushed), (50, 0));
-    }
-
-    /// A prefetch GET that fails (here: the object changed since its
-    /// listing, 412) gives its bytes back to the unread budget at once
-    /// instead of holding them until it expires.
-    #[tokio::test]
-    async fn a_failed_prefetch_holds_no_budget() {
-        let store = Arc::new(MemStore::default());
-        let listing = dir(&store, 3, 100);
-        store.put("d/k002", vec![9u8; 100]);
-        let p = prefetcher(&store, 1000, 64);
-        p.take("d/k000", &listing.entries[0].etag, 100);
-        p.missed("d/k000", "d/", listing.clone(), None).await;
-        settle(&p).await;
-        assert_eq!(p.unread_bytes(), 100, "only k001 is held");
-        assert!(!p.inner.lock().unwrap().held.contains_key("d/k002"));
-    }
-}
+mod tests;
