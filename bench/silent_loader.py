@@ -76,7 +76,7 @@ def run(binary, config, mode, names, seed):
     env.pop("AWS_CA_BUNDLE", None)
     mnt = tempfile.mkdtemp(prefix="silent-mnt")
     cache = tempfile.mkdtemp(prefix="silent-cache", dir=BENCH_DIR)
-    conf = os.path.join(cache, "..", os.path.basename(cache) + ".toml")
+    conf = cache + ".toml"
     with open(conf, "w") as f:
         f.write(config)
     d = subprocess.Popen([binary, "mount", "s3://silentbench", mnt, "--endpoint-url", KEYS["AWS_ENDPOINT_URL"],
