@@ -565,11 +565,12 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     }
 
     /// For a mount without opens that pushes prefetched objects
-    /// ([`Fs::on_small_fetched`]): `f` is called once, with key, ETag and
-    /// size of each object pushed and not seen read, when the loader is
-    /// found to send no request per file while prefetch waits for it
-    /// ([`crate::read::small::SmallPrefetch::on_silent`]). From then on
-    /// [`Fs::small_wants_read_signal`] is true.
+    /// ([`Fs::on_small_fetched`]): `f` is called, with key, ETag and size
+    /// of each object pushed, not seen read and not asked about yet, each
+    /// time the loader is found to send no request per file while prefetch
+    /// waits for it ([`crate::read::small::SmallPrefetch::on_silent`]).
+    /// From then on [`Fs::small_wants_read_signal`] is true, until the
+    /// loader sends a request of its own.
     pub fn on_small_silent(&self, f: impl Fn(Vec<(String, String, u64)>) + Send + Sync + 'static) {
         if let Some(small) = &self.small {
             small.on_silent(f);
