@@ -134,30 +134,31 @@ impl<S: ObjectStore> SmallPrefetch<S> {
             }
             inner.forgive_at = Some(now + SWITCH_GRACE);
             self.silent.store(true, Ordering::Relaxed);
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let me = self.me.clone();
-                rt.spawn(async move {
-                    tokio::time::sleep(SWITCH_GRACE).await;
-                    if let Some(me) = me.upgrade() {
-                        me.pump();
-                    }
-                });
-            }
+            self.pump_after(SWITCH_GRACE, |_| ());
             return Some(pushed);
         }
-        if let Ok(rt) = tokio::runtime::Handle::try_current()
+        if tokio::runtime::Handle::try_current().is_ok()
             && !self.rechecking.swap(true, Ordering::Relaxed)
         {
-            let me = self.me.clone();
-            rt.spawn(async move {
-                tokio::time::sleep(SILENCE).await;
-                if let Some(me) = me.upgrade() {
-                    me.rechecking.store(false, Ordering::Relaxed);
-                    me.pump();
-                }
-            });
+            self.pump_after(SILENCE, |me| me.rechecking.store(false, Ordering::Relaxed));
         }
         None
+    }
+
+    /// Calls [`Self::pump`] from a task after `delay`, `first` before it;
+    /// nothing without a runtime.
+    fn pump_after(&self, delay: Duration, first: fn(&Self)) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let me = self.me.clone();
+        rt.spawn(async move {
+            tokio::time::sleep(delay).await;
+            if let Some(me) = me.upgrade() {
+                first(&me);
+                me.pump();
+            }
+        });
     }
 
     /// Takes `sign` of the loader at `key` into the asking
