@@ -927,7 +927,9 @@ fn a_file_reopened_for_writing_right_after_close_is_not_busy() {
                             .create(true)
                             .append(true)
                             .open(&path)
-                            .unwrap_or_else(|e| panic!("writer {w}: open {i} to append: {e}"));
+                            .unwrap_or_else(|e| {
+                                panic!("writer {w}: open {i} to append: {e}\n{}", m.log())
+                            });
                         f.write_all(&[i; 1000]).unwrap();
                         want.extend_from_slice(&[i; 1000]);
                         f.sync_all().unwrap();
@@ -943,7 +945,9 @@ fn a_file_reopened_for_writing_right_after_close_is_not_busy() {
                         }
                         if i % 20 == 19 {
                             let f = std::fs::OpenOptions::new().write(true).open(&path);
-                            let f = f.unwrap_or_else(|e| panic!("writer {w}: open {i}: {e}"));
+                            let f = f.unwrap_or_else(|e| {
+                                panic!("writer {w}: open {i}: {e}\n{}", m.log())
+                            });
                             f.set_len(want.len() as u64).unwrap();
                         }
                     }

@@ -43,6 +43,18 @@ struct InodeIo {
     filling: bool,
 }
 
+impl InodeIo {
+    /// Whether an open of a staged file (`local`; passing through `staged`
+    /// when set) cannot join this inode's opens: their passthrough opens
+    /// share another backing file (a cached object's, or a staged file's
+    /// that was uploaded since), and the kernel would fail it with EIO.
+    fn refuses(&self, local: bool, staged: Option<&Arc<std::fs::File>>) -> bool {
+        let same =
+            |b: &Shared| matches!((&b.staged, staged), (Some(m), Some(s)) if Arc::ptr_eq(m, s));
+        local && self.daemon == 0 && self.backing.as_ref().is_some_and(|b| !same(b))
+    }
+}
+
 /// The backing file of an inode's passthrough opens. One inode is one object
 /// version, or one staged file, so every open of the inode may share it.
 struct Shared {
@@ -117,6 +129,16 @@ impl IoTable {
         })
     }
 
+    /// Whether [`choose_mode`] would refuse open `o` of `ino` now
+    /// ([`Served::Busy`]): until the inode's other opens are released.
+    pub(super) fn refuses(&self, ino: u64, o: &crate::fs::Opened) -> bool {
+        let staged = o.staged.as_ref().map(|s| &s.file);
+        let io = self.lock();
+        io.inodes
+            .get(&ino)
+            .is_some_and(|e| e.refuses(o.local, staged))
+    }
+
     /// Forgets open file `fh` at its release.
     pub(super) fn release(&self, fh: u64) {
         let mut io = self.lock();
@@ -174,7 +196,9 @@ pub(super) enum Served<'a> {
     /// join them, nor be served by lakemount beside them (the kernel would
     /// fail it with EIO, `fuse_file_io_open` in fs/fuse/iomode.c). ETXTBSY.
     /// Writers are refused before they stage anything
-    /// ([`super::FuseFs::write_conflicts`]); this is the answer to a race with it.
+    /// ([`super::write_conflicts`]), and an open waits for the inode's
+    /// closed opens to be released ([`IoTable::refuses`]) before it gets
+    /// this answer.
     Busy,
 }
 
@@ -199,6 +223,11 @@ pub(super) fn choose_mode<'a, S: ObjectStore + WriteStore>(
     let e = st.inodes.entry(ino).or_default();
     let cached = o.backing.take();
     let staged = o.staged.take();
+    if e.refuses(o.local, staged.as_ref().map(|s| &s.file)) {
+        drop(st);
+        fs.release(o.fh, || {});
+        return Served::Busy;
+    }
     let shared = match (&e.backing, o.local) {
         _ if e.daemon > 0 => None,
         (None, false) => cached.and_then(|b| {
@@ -210,16 +239,9 @@ pub(super) fn choose_mode<'a, S: ObjectStore + WriteStore>(
             Some(e.share(id, None, Some(s.file)))
         }),
         // One inode is one object version: its cached file, or the staged
-        // file it was uploaded from (unchanged since: no writer is left).
-        (Some(b), false) => Some(b.id.clone()),
-        (Some(b), true) => match (&b.staged, &staged) {
-            (Some(mine), Some(s)) if Arc::ptr_eq(mine, &s.file) => Some(b.id.clone()),
-            _ => {
-                drop(st);
-                fs.release(o.fh, || {});
-                return Served::Busy;
-            }
-        },
+        // file it was uploaded from (unchanged since: no writer is left). A
+        // staged open shares only its own data file (not refused above).
+        (Some(b), _) => Some(b.id.clone()),
     };
     let mode = if shared.is_some() {
         e.passthrough += 1;

@@ -191,21 +191,23 @@ fn write_conflicts<S: ObjectStore + WriteStore>(io: &IoTable, fs: &Fs<S>, ino: u
     }
 }
 
-/// Waits up to [`RELEASE_GRACE`] for the opens that make a write of `ino`
-/// conflict ([`write_conflicts`]) to be released; returns whether they
-/// were. close(2) returns before the kernel sends a handle's RELEASE (in
-/// the background: `fuse_file_put` in fs/fuse/file.c), so a file reopened
-/// for writing right after its writer closed it would otherwise meet that
-/// closed handle. On the runtime: the RELEASE needs a session thread.
-async fn released<S: ObjectStore + WriteStore>(io: &IoTable, fs: &Fs<S>, ino: u64) -> bool {
+/// Waits up to [`RELEASE_GRACE`] while `conflicts` holds: for the releases
+/// of closed opens that make a write of an inode conflict
+/// ([`write_conflicts`]), or that refuse an open ([`IoTable::refuses`]).
+/// Returns whether it stopped holding. close(2) returns before the kernel
+/// sends a handle's RELEASE (in the background: `fuse_file_put` in
+/// fs/fuse/file.c), so a file reopened for writing right after its writer
+/// closed it would otherwise meet that closed handle. On the runtime: the
+/// RELEASE needs a session thread.
+async fn released(conflicts: impl Fn() -> bool) -> bool {
     let until = tokio::time::Instant::now() + RELEASE_GRACE;
-    while tokio::time::Instant::now() < until {
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-        if !write_conflicts(io, fs, ino) {
-            return true;
+    while conflicts() {
+        if tokio::time::Instant::now() >= until {
+            return false;
         }
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
-    false
+    true
 }
 
 impl<S: ObjectStore + WriteStore> FuseFs<S> {
@@ -524,11 +526,15 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         let direct = self.direct_io_min_size;
         let notifier = self.notifier.clone();
         self.rt.spawn(async move {
-            if conflicts && !released(&io, &fs, ino.0).await {
+            if conflicts && !released(|| write_conflicts(&io, &fs, ino.0)).await {
                 return reply.error(errno("open", &FsError::Busy));
             }
             match fs.open(ino.0, write, truncate, want).await {
                 Ok(o) => {
+                    // A staged file uploaded since `conflicts` was checked
+                    // is staged anew by this open: the closed opens of the
+                    // uploaded one may not be released yet.
+                    released(|| io.refuses(ino.0, &o)).await;
                     let how = Serving {
                         io: &io,
                         on: &passthrough,
@@ -768,6 +774,9 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         self.rt.spawn(async move {
             match fs.create(parent.0, &name, flags, want).await {
                 Ok((stat, mut o)) => {
+                    // An existing name opened (its entry was not cached)
+                    // may meet closed opens not released yet, as in `open`.
+                    released(|| io.refuses(stat.ino, &o)).await;
                     let (ttl, attr) = (fs.kernel_ttl(), Self::attr(&stat, 0));
                     let fh = FileHandle(o.fh);
                     let open_backing = |f: &std::fs::File| reply.open_backing(f);
@@ -889,7 +898,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         let fs = self.fs.clone();
         let io = self.io.clone();
         self.rt.spawn(async move {
-            if conflicts && !released(&io, &fs, ino.0).await {
+            if conflicts && !released(|| write_conflicts(&io, &fs, ino.0)).await {
                 return reply.error(errno("setattr", &FsError::Busy));
             }
             match fs.setattr(ino.0, size, mtime).await {
