@@ -21,10 +21,10 @@ const READY_FD_ENV: &str = "LAKEMOUNT_DAEMON_READY_FD";
 const SHARED_STDERR_ENV: &str = "LAKEMOUNT_DAEMON_SHARED_STDERR";
 
 /// The command line the child is started with, when not this process's own
-/// (`mount.lakemount` translates its arguments first). argv[0] included.
+/// (`mount.lakemount` translates its arguments first). `argv[0]` included.
 static COMMAND_LINE: std::sync::OnceLock<Vec<std::ffi::OsString>> = std::sync::OnceLock::new();
 
-/// Makes [`spawn_and_wait`] start the child with `argv` (argv[0] included)
+/// Makes [`spawn_and_wait`] start the child with `argv` (`argv[0]` included)
 /// instead of this process's arguments. Only the first call counts.
 pub fn set_command_line(argv: Vec<std::ffi::OsString>) {
     let _ = COMMAND_LINE.set(argv);

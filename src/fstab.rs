@@ -71,7 +71,7 @@ const MOUNT_OPTIONS: &[&str] = &["ro", "allow_other", "uid", "gid", "file_mode",
 /// What the helper is to do.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Helper {
-    /// `lakemount mount ...` arguments (argv[0] included).
+    /// `lakemount mount ...` arguments (`argv[0]` included).
     pub args: Vec<OsString>,
     /// `-f`: print the command, mount nothing.
     pub fake: bool,
@@ -81,12 +81,12 @@ pub struct Helper {
     pub ignored: Vec<String>,
 }
 
-/// Whether this process was started as the helper (by its argv[0]).
+/// Whether this process was started as the helper (by its `argv[0]`).
 pub fn is_helper(argv0: &OsStr) -> bool {
     Path::new(argv0).file_name() == Some(OsStr::new(HELPER_NAME))
 }
 
-/// Translates the helper's arguments (argv[0] included) into those of
+/// Translates the helper's arguments (`argv[0]` included) into those of
 /// `lakemount mount`. Errors: a missing source or directory, an unknown
 /// option without `-s`, `-N` (mount namespaces are not supported).
 pub fn translate(argv: &[OsString]) -> Result<Helper, String> {

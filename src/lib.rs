@@ -9,7 +9,7 @@
 //! - [`read`]: ranged GETs pinned to the ETag, sequential read-ahead.
 //! - [`cache`]: the data cache (memory and local-disk tiers) for epochs 2..N; fully
 //!   cached files are served by FUSE passthrough.
-//! - [`write`]: writable mounts: staging on local disk, the overlay of local
+//! - [`write`](mod@write): writable mounts: staging on local disk, the overlay of local
 //!   changes, background uploads.
 //! - [`warm`]: `lakemount warm`, filling the cache of a running mount.
 //! - [`store`]: the [`store::ObjectStore`] trait; `store::s3` is the only SDK user.

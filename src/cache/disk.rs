@@ -1,6 +1,6 @@
 //! The disk tier: one sparse **data file** per cached object version, holding
 //! the object's bytes at their own offsets, and a **block map** beside it
-//! ([`objfile`](super::objfile) has the format).
+//! ([`objfile`] has the format).
 //!
 //! Layout under `<cache.dir>/lakemount-v2/` (mode 0700):
 //! - `objects/<h2>/<obj>`: the data file; `<obj>` is the 32-hex-digit
@@ -872,11 +872,11 @@ impl DiskCache {
     /// returned value lives. A seal that does not match is dropped: the object
     /// is then read through the CRC32C checks, and sealed again once all of its
     /// blocks passed them. None either while the device's reads are slow
-    /// ([`DeviceHealth::passthrough_ok`]): lakemount then reads the file
+    /// ([`health::DeviceHealth::passthrough_ok`]): lakemount then reads the file
     /// itself, each read timed for the alarm. A whole file is probed now and
     /// then, handed out or
     /// not (one timed read of [`health::PROBE_LEN`] bytes;
-    /// [`DeviceHealth::probe_due`]), so that a device the kernel alone reads
+    /// [`health::DeviceHealth::probe_due`]), so that a device the kernel alone reads
     /// is still watched and one that recovers gets passthrough back.
     pub fn backing(self: &Arc<Self>, obj: ObjectId, size: u64) -> Option<Backing> {
         if !self.may_back(size) {

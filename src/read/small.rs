@@ -152,8 +152,8 @@ struct Inner {
     /// The last [`signs::ANSWERED`] keys answered by a sign the kernel sent.
     answered: VecDeque<String>,
     /// How long prefetch waits at its bound with no sign before the loader
-    /// is found silent: [`SILENCE`], or [`signs::SILENCE_AFTER_OWN`] once a sign of
-    /// its own ended the asking. `None`: [`SILENCE`].
+    /// is found silent: [`signs::SILENCE`], or [`signs::SILENCE_AFTER_OWN`] once a sign of
+    /// its own ended the asking. `None`: [`signs::SILENCE`].
     quiet_needed: Option<Duration>,
 }
 

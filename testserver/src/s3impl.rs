@@ -1,4 +1,4 @@
-//! The `s3s::S3` implementation over [`Storage`](crate::storage::Storage).
+//! The `s3s::S3` implementation over [`Storage`].
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -141,7 +141,7 @@ pub(super) struct Index {
     pub(super) pins: HashMap<ObjectId, usize>,
     /// Sum of `alloc` of all blocks plus `map_alloc` of all objects, bytes.
     pub(super) total: u64,
-    /// The size limit in force, bytes (see [`DiskCache::refresh_limit`]).
+    /// The size limit in force, bytes (see [`super::DiskCache::refresh_limit`]).
     pub(super) limit: u64,
     pub(super) limit_checked: Option<Instant>,
     /// Free bytes of the file system at the last check.

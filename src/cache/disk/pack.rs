@@ -1,6 +1,6 @@
 //! Packed small objects: objects below `cache.passthrough_min_size` that fit
 //! one block are appended as records to shared **pack** files under
-//! `packs/` ([`packfile`](super::super::packfile) has the format) instead of
+//! `packs/` ([`packfile`] has the format) instead of
 //! getting a data file and a block map each. Such objects are never passed
 //! through, so they need no file of their own.
 //!

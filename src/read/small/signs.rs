@@ -25,7 +25,7 @@ pub const SILENCE: Duration = Duration::from_secs(1);
 /// How long prefetch waits at its bound with no sign before the loader is
 /// found silent again, after a sign of the loader's own ended the asking: a
 /// slow Python loader is not switched back and forth every second.
-const SILENCE_AFTER_OWN: Duration = Duration::from_secs(60);
+pub(super) const SILENCE_AFTER_OWN: Duration = Duration::from_secs(60);
 
 /// Objects pushed before the loader was found silent that it does not
 /// answer for this long after stop counting against
@@ -36,7 +36,7 @@ pub(super) const SWITCH_GRACE: Duration = Duration::from_secs(10);
 /// Keys answered by a sign the kernel sent while the loader is asked for
 /// signs, remembered so that its own sign coming after (Python's `open`
 /// makes `fstat`, a GETATTR, before its ioctl) still ends the asking.
-const ANSWERED: usize = 64;
+pub(super) const ANSWERED: usize = 64;
 
 /// How a loader was seen at a prefetched object
 /// ([`SmallPrefetch::consumed`]).
