@@ -139,6 +139,16 @@ enum Fill {
     Any,
 }
 
+/// Asked with an inode before its object is staged anew for writing (an
+/// open for writing, or a truncate, of a file not staged now): waits until
+/// the inode's open files allow that, and says whether they do. When it
+/// says no, the open or truncate fails with ETXTBSY ([`FsError::Busy`])
+/// with nothing staged. The FUSE layer's: passthrough opens of the file's
+/// earlier version (a cached object, or a staged file since uploaded)
+/// would otherwise keep reading that version.
+pub type StageGate<'a> =
+    &'a (dyn Fn(u64) -> futures::future::BoxFuture<'static, bool> + Send + Sync);
+
 /// A staged file's data file, for FUSE passthrough.
 pub struct StagedBacking {
     /// The data file; the same `Arc` for every open of one staged file.
@@ -437,17 +447,19 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// cache ([`Opened::backing`]). On a writable mount a staged file, or
     /// any file opened with `write` (O_WRONLY, O_RDWR, O_APPEND), is opened
     /// in staging (emptied with `truncate`, O_TRUNC; [`Opened::staged`] with
-    /// `passthrough.staged`). Errors: EISDIR, ENOENT, EROFS for a write open
-    /// of a read-only mount, ENOSPC.
+    /// `passthrough.staged`; an object is staged only once `gate` allows).
+    /// Errors: EISDIR, ENOENT, EROFS for a write open of a read-only mount,
+    /// ENOSPC, ETXTBSY.
     pub async fn open(
         &self,
         ino: u64,
         write: bool,
         truncate: bool,
         passthrough: Passthrough,
+        gate: StageGate<'_>,
     ) -> Result<Opened, FsError> {
         if let Some(local) = self
-            .open_local(ino, write, truncate, passthrough.staged)
+            .open_local(ino, write, truncate, passthrough.staged, gate)
             .await
         {
             return local;

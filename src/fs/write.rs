@@ -12,7 +12,7 @@ use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 
-use super::{Fs, FsError, Opened, Stat};
+use super::{Fs, FsError, Opened, StageGate, Stat};
 use crate::meta::names::{BadName, check_name};
 use crate::meta::{Attr, DirListing, EntryKind, ListedEntry};
 use crate::store::{ObjectStore, StoreError, Urgency, WriteStore};
@@ -315,14 +315,17 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// name the kernel believes missing, `flags` its open flags): its stat
     /// and handle. A name that exists after all (a stale negative entry) is
     /// EEXIST with O_EXCL, emptied with O_TRUNC, else opened as it is.
-    /// With `passthrough`, [`Opened::staged`] as [`Fs::open`] gives it.
-    /// Errors: EROFS, EEXIST, EISDIR, ENAMETOOLONG, EINVAL, ENOSPC, local disk.
+    /// With `passthrough`, [`Opened::staged`] as [`Fs::open`] gives it; an
+    /// existing object is staged only once `gate` allows.
+    /// Errors: EROFS, EEXIST, EISDIR, ENAMETOOLONG, EINVAL, ENOSPC, ETXTBSY,
+    /// local disk.
     pub async fn create(
         &self,
         parent: u64,
         name: &OsStr,
         flags: i32,
         passthrough: bool,
+        gate: StageGate<'_>,
     ) -> Result<(Stat, Opened), FsError> {
         let w = self.writes()?.clone();
         let dir = self.dir_attr(parent)?;
@@ -336,7 +339,10 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             Found::Object(_) | Found::Staged if flags & libc::O_TRUNC == 0 => {
                 // It exists: open it for writing as it is.
                 let stat = self.lookup(parent, OsStr::new(name)).await?;
-                let o = match self.open_local(stat.ino, true, false, passthrough).await {
+                let o = match self
+                    .open_local(stat.ino, true, false, passthrough, gate)
+                    .await
+                {
                     Some(r) => r?,
                     None => return Err(FsError::NotFound),
                 };
@@ -356,14 +362,16 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// asked (O_WRONLY, O_RDWR, O_TRUNC, O_APPEND): `None` for a read of an
     /// object, which the read path opens. An object opened for writing is
     /// staged whole first (emptied instead with `truncate`). With
-    /// `passthrough`, [`Opened::staged`] as [`Fs::open`] gives it.
-    /// Errors: EISDIR, ENOENT, ENOSPC, the store's.
+    /// `passthrough`, [`Opened::staged`] as [`Fs::open`] gives it; an
+    /// object is staged only once `gate` allows.
+    /// Errors: EISDIR, ENOENT, ENOSPC, ETXTBSY, the store's.
     pub(super) async fn open_local(
         &self,
         ino: u64,
         write: bool,
         truncate: bool,
         passthrough: bool,
+        gate: StageGate<'_>,
     ) -> Option<Result<Opened, FsError>> {
         let w = self.writes.as_ref()?;
         let attr = match self.meta.inodes.get(ino) {
@@ -388,20 +396,28 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         if !write {
             return None;
         }
-        Some(self.stage_object(ino, &attr, truncate, passthrough).await)
+        Some(
+            self.stage_object(ino, &attr, truncate, passthrough, gate)
+                .await,
+        )
     }
 
     /// Stages object `attr` (inode `ino`) for writing: empty with
     /// `truncate`, else its bytes copied in by ranged GETs pinned to its
-    /// ETag, before the file is shown (one copy of a name at a time).
+    /// ETag, before the file is shown (one copy of a name at a time); once
+    /// `gate` allows (else ETXTBSY).
     async fn stage_object(
         &self,
         ino: u64,
         attr: &Attr,
         truncate: bool,
         passthrough: bool,
+        gate: StageGate<'_>,
     ) -> Result<Opened, FsError> {
         let w = self.writes()?;
+        if !gate(ino).await {
+            return Err(FsError::Busy);
+        }
         let f = if truncate {
             w.create(&attr.key, true)?
         } else {
@@ -535,13 +551,15 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// setattr: `size` truncates or extends (staging the object first when
     /// it is not staged); `mtime` sets a staged file's time. Mode and
     /// ownership are fixed by the mount (`mount.file_mode`, `uid`, `gid`)
-    /// and silently kept. Errors: EROFS for a size change on a read-only
-    /// mount, EISDIR, ENOSPC, the store's.
+    /// and silently kept. An object is staged only once `gate` allows.
+    /// Errors: EROFS for a size change on a read-only mount, EISDIR, ENOSPC,
+    /// ETXTBSY, the store's.
     pub async fn setattr(
         &self,
         ino: u64,
         size: Option<u64>,
         mtime: Option<SystemTime>,
+        gate: StageGate<'_>,
     ) -> Result<Stat, FsError> {
         let attr = self.meta.inodes.get(ino).ok_or(FsError::NotFound)?;
         if let Some(size) = size {
@@ -552,7 +570,9 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             match w.staged(&attr.key) {
                 Some(f) => w.truncate(&f, size)?,
                 None => {
-                    let o = self.stage_object(ino, &attr, size == 0, false).await?;
+                    let o = self
+                        .stage_object(ino, &attr, size == 0, false, gate)
+                        .await?;
                     let f = self
                         .local_files
                         .lock()

@@ -43,18 +43,6 @@ struct InodeIo {
     filling: bool,
 }
 
-impl InodeIo {
-    /// Whether an open of a staged file (`local`; passing through `staged`
-    /// when set) cannot join this inode's opens: their passthrough opens
-    /// share another backing file (a cached object's, or a staged file's
-    /// that was uploaded since), and the kernel would fail it with EIO.
-    fn refuses(&self, local: bool, staged: Option<&Arc<std::fs::File>>) -> bool {
-        let same =
-            |b: &Shared| matches!((&b.staged, staged), (Some(m), Some(s)) if Arc::ptr_eq(m, s));
-        local && self.daemon == 0 && self.backing.as_ref().is_some_and(|b| !same(b))
-    }
-}
-
 /// The backing file of an inode's passthrough opens. One inode is one object
 /// version, or one staged file, so every open of the inode may share it.
 struct Shared {
@@ -195,10 +183,11 @@ pub(super) enum Served<'a> {
     /// The inode's passthrough opens are of another file: this open cannot
     /// join them, nor be served by lakemount beside them (the kernel would
     /// fail it with EIO, `fuse_file_io_open` in fs/fuse/iomode.c). ETXTBSY.
-    /// Writers are refused before they stage anything
-    /// ([`super::write_conflicts`]), and an open waits for the inode's
-    /// closed opens to be released ([`IoTable::refuses`]) before it gets
-    /// this answer.
+    /// An open gets it once it has waited for the inode's closed opens to
+    /// be released ([`IoTable::refuses`]); writers and truncates wait
+    /// before they stage anything ([`super::write_conflicts`],
+    /// [`crate::fs::StageGate`]), so what they get here is a race lost to
+    /// another open.
     Busy,
 }
 
@@ -384,6 +373,17 @@ fn registered(r: std::io::Result<BackingId>, on: &AtomicBool, dir: &str) -> Opti
 }
 
 impl InodeIo {
+    /// Whether an open of a staged file (`local`; offering `staged` as its
+    /// passthrough file, if any) cannot join this inode's opens: they are
+    /// passthrough opens, and not of that same staged file (a cached
+    /// object's, a staged file's that was uploaded since, or the open
+    /// offers none), so the kernel would fail it with EIO.
+    fn refuses(&self, local: bool, staged: Option<&Arc<std::fs::File>>) -> bool {
+        let same =
+            |b: &Shared| matches!((&b.staged, staged), (Some(m), Some(s)) if Arc::ptr_eq(m, s));
+        local && self.daemon == 0 && self.backing.as_ref().is_some_and(|b| !same(b))
+    }
+
     /// Makes `id` the backing every passthrough open of this inode shares.
     fn share(
         &mut self,

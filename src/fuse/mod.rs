@@ -72,11 +72,12 @@ const DIRECT_IO_BLKSIZE: u32 = 1 << 20;
 /// `st_blksize` of every other file, bytes (one page).
 const PAGE_BLKSIZE: u32 = 4096;
 
-/// How long an open for writing (or a truncate) waits for the releases of
-/// closed opens that would refuse it ([`write_conflicts`]) before it fails
-/// with ETXTBSY. The kernel queues a RELEASE as a background request,
-/// behind at most [`MAX_BACKGROUND`] others (READs waiting on S3 among
-/// them); a reader still holding the file open is refused after this wait.
+/// How long an open, create or truncate waits for the releases of closed
+/// opens that would refuse it ([`write_conflicts`], [`stage_gate`],
+/// [`IoTable::refuses`]) before it fails with ETXTBSY. The kernel queues a
+/// RELEASE as a background request, behind at most [`MAX_BACKGROUND`]
+/// others (READs waiting on S3 among them); a reader still holding the file
+/// open is refused after this wait.
 const RELEASE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The adapter. Cheap to share: the session threads each hold an `Arc` of it.
@@ -196,9 +197,10 @@ fn write_conflicts<S: ObjectStore + WriteStore>(io: &IoTable, fs: &Fs<S>, ino: u
 /// ([`write_conflicts`]), or that refuse an open ([`IoTable::refuses`]).
 /// Returns whether it stopped holding. close(2) returns before the kernel
 /// sends a handle's RELEASE (in the background: `fuse_file_put` in
-/// fs/fuse/file.c), so a file reopened for writing right after its writer
-/// closed it would otherwise meet that closed handle. On the runtime: the
-/// RELEASE needs a session thread.
+/// fs/fuse/file.c), so a file reopened for writing right after a reader
+/// closed it (its passthrough open of a staged file since uploaded) would
+/// otherwise meet that closed handle. On the runtime: the RELEASE needs a
+/// session thread.
 async fn released(conflicts: impl Fn() -> bool) -> bool {
     let until = tokio::time::Instant::now() + RELEASE_GRACE;
     while conflicts() {
@@ -208,6 +210,21 @@ async fn released(conflicts: impl Fn() -> bool) -> bool {
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
     true
+}
+
+/// The [`crate::fs::StageGate`] of a write, create or truncate: an object is staged
+/// anew only once the opens that make writing its inode conflict
+/// ([`write_conflicts`]) are released ([`released`]). The check before the
+/// request reaches `fs` cannot see a staged file uploaded meanwhile.
+fn stage_gate<S: ObjectStore + WriteStore>(
+    io: &Arc<IoTable>,
+    fs: &Arc<Fs<S>>,
+) -> impl Fn(u64) -> futures::future::BoxFuture<'static, bool> + Send + Sync + use<S> {
+    let (io, fs) = (io.clone(), fs.clone());
+    move |ino| {
+        let (io, fs) = (io.clone(), fs.clone());
+        Box::pin(async move { released(|| write_conflicts(&io, &fs, ino)).await })
+    }
 }
 
 impl<S: ObjectStore + WriteStore> FuseFs<S> {
@@ -529,7 +546,8 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
             if conflicts && !released(|| write_conflicts(&io, &fs, ino.0)).await {
                 return reply.error(errno("open", &FsError::Busy));
             }
-            match fs.open(ino.0, write, truncate, want).await {
+            let gate = stage_gate(&io, &fs);
+            match fs.open(ino.0, write, truncate, want, &gate).await {
                 Ok(o) => {
                     // A staged file uploaded since `conflicts` was checked
                     // is staged anew by this open: the closed opens of the
@@ -772,7 +790,8 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         let passthrough = self.passthrough.clone();
         let want = self.passthrough_now().staged;
         self.rt.spawn(async move {
-            match fs.create(parent.0, &name, flags, want).await {
+            let gate = stage_gate(&io, &fs);
+            match fs.create(parent.0, &name, flags, want, &gate).await {
                 Ok((stat, mut o)) => {
                     // An existing name opened (its entry was not cached)
                     // may meet closed opens not released yet, as in `open`.
@@ -901,7 +920,8 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
             if conflicts && !released(|| write_conflicts(&io, &fs, ino.0)).await {
                 return reply.error(errno("setattr", &FsError::Busy));
             }
-            match fs.setattr(ino.0, size, mtime).await {
+            let gate = stage_gate(&io, &fs);
+            match fs.setattr(ino.0, size, mtime, &gate).await {
                 Ok(stat) => reply.attr(&fs.kernel_ttl(), &Self::attr(&stat, 0)),
                 Err(e) => reply.error(errno("setattr", &e)),
             }
