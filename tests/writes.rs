@@ -904,9 +904,10 @@ fn write_fsync_close_uploads_once() {
 
 /// close(2) returns before the kernel sends the handle's RELEASE (in the
 /// background, fs/fuse/file.c): a file reopened for writing right after
-/// its writer closed it, or truncated, is not refused as busy with its own
-/// closed handle; and read right after its close, while its upload is
-/// handed over to S3, it has its new bytes. Four writers at once, so
+/// it was read back and closed, or truncated, is not refused as busy with
+/// that closed handle (a passthrough open of its staged file, which may be
+/// uploaded meanwhile); and read right after its close, while its upload
+/// is handed over to S3, it has its new bytes. Four writers at once, so
 /// releases queue behind others.
 #[test]
 fn a_file_reopened_for_writing_right_after_close_is_not_busy() {

@@ -418,28 +418,26 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         if !gate(ino).await {
             return Err(FsError::Busy);
         }
-        let f = if truncate {
-            w.create(&attr.key, true)?
-        } else {
-            let _one = w.stage_lock(&attr.key).await;
-            match w
-                .staged(&attr.key)
-                .and_then(|f| w.open_writer(&f, false).map(|r| (f, r)))
-            {
-                // Staged by another open while this one waited.
-                Some((f, r)) => {
-                    r?;
-                    f
+        let _one = w.stage_lock(&attr.key).await;
+        let f = match w
+            .staged(&attr.key)
+            .and_then(|f| w.open_writer(&f, truncate).map(|r| (f, r)))
+        {
+            // Staged by another open (or a rename) while this one waited:
+            // replacing that file would drop its writer's bytes.
+            Some((f, r)) => {
+                r?;
+                f
+            }
+            None if truncate => w.create(&attr.key, true)?,
+            None => {
+                let attr = self.fresh_attr(ino).await?;
+                let f = w.create_unpublished(&attr.key)?;
+                if let Err(e) = self.copy_in(w, &f, &attr).await {
+                    w.discard(&f);
+                    return Err(e);
                 }
-                None => {
-                    let attr = self.fresh_attr(ino).await?;
-                    let f = w.create_unpublished(&attr.key)?;
-                    if let Err(e) = self.copy_in(w, &f, &attr).await {
-                        w.discard(&f);
-                        return Err(e);
-                    }
-                    w.publish(f, &attr.etag)?
-                }
+                w.publish(f, &attr.etag)?
             }
         };
         let a = f.attr();
@@ -567,8 +565,9 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
                 return Err(FsError::IsDir);
             }
             let w = self.writes()?.clone();
-            match w.staged(&attr.key) {
-                Some(f) => w.truncate(&f, size)?,
+            // A staged file uploaded meanwhile is gone: stage the object again.
+            match w.staged(&attr.key).and_then(|f| w.truncate(&f, size)) {
+                Some(r) => r?,
                 None => {
                     let o = self
                         .stage_object(ino, &attr, size == 0, false, gate)
@@ -580,9 +579,11 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
                         .get(&o.fh)
                         .map(|h| h.file.clone());
                     if let Some(f) = f {
+                        // `None`: replaced by a newer file meanwhile, which
+                        // this truncate came before.
                         let r = w.truncate(&f, size);
                         self.release_local(o.fh, || {});
-                        r?;
+                        r.transpose()?;
                     }
                 }
             }

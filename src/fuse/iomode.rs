@@ -184,10 +184,10 @@ pub(super) enum Served<'a> {
     /// join them, nor be served by lakemount beside them (the kernel would
     /// fail it with EIO, `fuse_file_io_open` in fs/fuse/iomode.c). ETXTBSY.
     /// An open gets it once it has waited for the inode's closed opens to
-    /// be released ([`IoTable::refuses`]); writers and truncates wait
-    /// before they stage anything ([`super::write_conflicts`],
-    /// [`crate::fs::StageGate`]), so what they get here is a race lost to
-    /// another open.
+    /// be released ([`IoTable::refuses`]). Writers wait before they stage
+    /// anything ([`super::write_conflicts`], [`crate::fs::StageGate`]), so
+    /// a writer that gets it lost a race with another open, after staging
+    /// (with O_TRUNC, an empty file, which is uploaded).
     Busy,
 }
 

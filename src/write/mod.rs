@@ -1036,15 +1036,27 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     }
 
     /// Truncates or extends `f` to `size` bytes (a new upload is due as after
-    /// a close when no writer holds it). Errors: ENOSPC, local disk.
-    pub fn truncate(self: &Arc<Self>, f: &Arc<Staged>, size: u64) -> Result<(), WriteError> {
+    /// a close when no writer holds it). `None` when `f` is gone (uploaded
+    /// and handed over to S3, or replaced) meanwhile, as with
+    /// [`Self::open_writer`]: the name is to be staged again. Errors: ENOSPC,
+    /// local disk.
+    pub fn truncate(
+        self: &Arc<Self>,
+        f: &Arc<Staged>,
+        size: u64,
+    ) -> Option<Result<(), WriteError>> {
         let mut st = f.st.lock().unwrap();
-        self.set_len(f, &mut st, size)?;
-        if st.writers == 0 && !st.gone {
+        if st.gone {
+            return None;
+        }
+        if let Err(e) = self.set_len(f, &mut st, size) {
+            return Some(Err(e));
+        }
+        if st.writers == 0 {
             st.ready_at = Some(Instant::now() + self.delay);
             self.ensure_task(f, &mut st);
         }
-        Ok(())
+        Some(Ok(()))
     }
 
     fn set_len(&self, f: &Staged, st: &mut State, size: u64) -> Result<(), WriteError> {
