@@ -513,7 +513,8 @@ fn a_second_mount_on_the_same_cache_dir_is_refused() {
     server().put(&b, "a", "x");
     let dir = TempDir::new("cache-shared");
     let cache = dir.0.join("c");
-    let _m = MountSpec::new(&b).config(&cache_toml(&cache, "")).mount();
+    let m = MountSpec::new(&b).config(&cache_toml(&cache, "")).mount();
+    let holder = m.child.as_ref().expect("running").id();
     let mnt = TempDir::new("cache-shared-2");
     let o = lakemount_cmd(&server().endpoint())
         .args(["mount", &format!("s3://{b}")])
@@ -524,10 +525,10 @@ fn a_second_mount_on_the_same_cache_dir_is_refused() {
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        err.contains("cache.dir") && err.contains("in use by another running lakemount"),
-        "{err}"
-    );
+    // Names the holder: it may be a mount unmounted moments ago, still
+    // uploading.
+    let named = format!("in use by another running lakemount (pid {holder})");
+    assert!(err.contains("cache.dir") && err.contains(&named), "{err}");
 }
 
 #[test]

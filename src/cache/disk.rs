@@ -72,8 +72,11 @@ const FORMAT_DIR: &str = "lakemount-v2";
 const OLD_FORMAT_DIRS: &[&str] = &["lakemount-v1"];
 /// Takes the exclusive lock (flock) of file `lock` in `dir`, shown to the
 /// user as `shown` (config key `key`): one running lakemount per directory.
-/// Errors, naming the key: the file cannot be opened, or another process
-/// holds the lock (`what`: what each mount needs its own of).
+/// The file then holds this process's pid, for the error another start
+/// gives. Errors, naming the key: the file cannot be opened, or another
+/// process holds the lock (`what`: what each mount needs its own of; the
+/// holder's pid, and that it may be a mount unmounted moments ago that is
+/// still uploading: `umount` returns before the daemon exits).
 pub fn lock_dir(dir: &Path, key: &str, shown: &Path, what: &str) -> anyhow::Result<std::fs::File> {
     let lock_path = dir.join("lock");
     let lock = OpenOptions::new()
@@ -83,11 +86,27 @@ pub fn lock_dir(dir: &Path, key: &str, shown: &Path, what: &str) -> anyhow::Resu
         .open(&lock_path)
         .with_context(|| format!("{key}: cannot open {}", lock_path.display()))?;
     match lock.try_lock() {
-        Ok(()) => Ok(lock),
-        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
-            "{key}: {} is in use by another running lakemount; give each mount its own {what}",
-            shown.display()
-        ),
+        Ok(()) => {
+            // Only a hint for that error: a failure here costs nothing else.
+            let _ = lock.set_len(0).and_then(|()| {
+                lock.write_all_at(format!("{}\n", std::process::id()).as_bytes(), 0)
+            });
+            Ok(lock)
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let holder = std::fs::read_to_string(&lock_path)
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok())
+                .map(|pid| format!(" (pid {pid})"))
+                .unwrap_or_default();
+            anyhow::bail!(
+                "{key}: {} is in use by another running lakemount{holder}: a mount of it, or \
+                 one unmounted moments ago that is still uploading its staged files (for up \
+                 to write.shutdown_wait_secs; `umount` returns before it exits): wait for \
+                 that process to exit, or give each mount its own {what}",
+                shown.display()
+            )
+        }
         Err(std::fs::TryLockError::Error(e)) => {
             Err(e).context(format!("{key}: cannot lock {}", lock_path.display()))
         }
