@@ -775,6 +775,42 @@ fn uploaded_files_are_read_from_the_cache_without_a_get() {
     read_both_without_a_get(&m, "after a remount");
 }
 
+/// An unmount right after a close waits for the upload and for the data
+/// cache to take the uploaded file, so nothing is left in staging and the
+/// next mount reads it with no GET.
+#[test]
+fn an_unmount_right_after_a_close_leaves_the_uploaded_file_cached() {
+    let server = private_server();
+    let b = bucket_on(&server, "w-adopt-stop");
+    let staging = TempDir::new("staging");
+    let cache = TempDir::new("cache");
+    let config = format!(
+        "[cache]\ndir = {:?}\nmin_free = 0\nmemory_size = 0\n",
+        cache.0.display().to_string()
+    );
+    let big = data(96 << 20, 23);
+    let mut m = rw(&server, &b, &staging.0, &config);
+    std::fs::write(m.p("big.bin"), &big).unwrap();
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+    assert!(server.get(&b, "big.bin").unwrap() == big, "{log}");
+    let left: Vec<String> = std::fs::read_dir(&staging.0)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".data") || n.ends_with(".uploaded"))
+        .collect();
+    assert!(left.is_empty(), "left in staging: {left:?}\n{log}");
+    let gets = server.request_count("GetObject");
+    let m = MountSpec::new(&b).server(&server).config(&config).mount();
+    assert!(std::fs::read(m.p("big.bin")).unwrap() == big);
+    assert_eq!(
+        server.request_count("GetObject"),
+        gets,
+        "read from S3, not the cache:\n{log}"
+    );
+}
+
 /// A reader holding a written file open by passthrough across its upload
 /// keeps reading it, and meanwhile an O_TRUNC open or a truncate of that
 /// file is ETXTBSY and changes nothing, in S3 or on the mount. Once the

@@ -101,13 +101,14 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             });
             if let Some(cache) = self.cache.clone() {
                 // An uploaded file is an ordinary cached object, not fetched again.
-                w.on_kept(move |u, path| {
+                w.on_kept(move |u, path, keeping| {
                     let cache = cache.clone();
                     tokio::task::spawn_blocking(move || {
                         if cache.adopt_file(&u.key, &u.etag, u.size, &path) {
                             tracing::debug!(key = %u.key, "uploaded file taken into the data cache");
                         }
                         let _ = std::fs::remove_file(&path);
+                        drop(keeping);
                     });
                 });
             }

@@ -411,7 +411,18 @@ pub struct Uploaded {
 
 type OnUploaded = Box<dyn Fn(Uploaded) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 type OnHandedOver = Box<dyn Fn(&Uploaded) + Send + Sync>;
-type OnKept = Box<dyn Fn(Uploaded, std::path::PathBuf) + Send + Sync>;
+type OnKept = Box<dyn Fn(Uploaded, std::path::PathBuf, Keeping) + Send + Sync>;
+
+/// One uploaded file's bytes being taken (into the data cache) by the
+/// [`Writes::on_kept`] callback: counted until dropped, so that
+/// [`Writes::upload_all`] waits for them too.
+pub struct Keeping(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Keeping {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
 
 /// The write path of one mount.
 pub struct Writes<S> {
@@ -433,6 +444,8 @@ pub struct Writes<S> {
     on_uploaded: OnceLock<OnUploaded>,
     on_handed_over: OnceLock<OnHandedOver>,
     on_kept: OnceLock<OnKept>,
+    /// [`Keeping`]s not dropped yet.
+    keeping: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Async locks by key, created on first use and dropped with their last user.
@@ -497,6 +510,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
             on_uploaded: OnceLock::new(),
             on_handed_over: OnceLock::new(),
             on_kept: OnceLock::new(),
+            keeping: Arc::default(),
         })
     }
 
@@ -518,10 +532,21 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
 
     /// Calls `f` after each hand-over with the uploaded bytes: a hard link
     /// of the staged data file, not counted in staging, that `f` takes (it
-    /// removes the path when done; one left by a crash is removed at the
-    /// next start). Without it the bytes go with the staged file.
-    pub fn on_kept(&self, f: impl Fn(Uploaded, std::path::PathBuf) + Send + Sync + 'static) {
+    /// removes the path when done, then drops the [`Keeping`]; one left by
+    /// a crash is removed at the next start). Without it the bytes go with
+    /// the staged file.
+    pub fn on_kept(
+        &self,
+        f: impl Fn(Uploaded, std::path::PathBuf, Keeping) + Send + Sync + 'static,
+    ) {
         let _ = self.on_kept.set(Box::new(f));
+    }
+
+    /// A new [`Keeping`], counted until dropped.
+    fn keep(&self) -> Keeping {
+        self.keeping
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Keeping(self.keeping.clone())
     }
 
     /// `write.max_copy_size`: the largest object one CopyObject copies, bytes.
@@ -580,11 +605,12 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
     }
 
     /// At unmount: uploads every staged file now (delays and retry waits
-    /// cut short) and waits up to `limit` for S3 to hold them all: how many
-    /// are left. The FUSE session has ended, so no handle can write any
+    /// cut short) and waits up to `limit` for S3 to hold them all, and for
+    /// the uploaded ones to be kept ([`Self::on_kept`]): how many are left. The FUSE session has ended, so no handle can write any
     /// more, whether or not its RELEASE arrived before the unmount; what
     /// passthrough writers wrote is taken in first.
     pub async fn upload_all(self: &Arc<Self>, limit: Duration) -> usize {
+        let keeping = self.keeping.clone();
         let files: Vec<Arc<Staged>> = self.ov.lock().unwrap().files.values().cloned().collect();
         for f in &files {
             let mut st = f.st.lock().unwrap();
@@ -603,7 +629,10 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         let deadline = Instant::now() + limit;
         loop {
             let left = self.ov.lock().unwrap().files.len();
-            if left == 0 || Instant::now() >= deadline {
+            // Uploaded files still being taken into the data cache: the
+            // next mount would fetch them from S3 again.
+            let kept = keeping.load(std::sync::atomic::Ordering::Acquire) == 0;
+            if (left == 0 && kept) || Instant::now() >= deadline {
                 return left;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

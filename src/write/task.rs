@@ -403,18 +403,21 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
                     ov.hidden.remove(k);
                 }
             }
+            // Counted before the lock goes: `upload_all` must not see the
+            // file gone and its bytes not yet being kept.
             let kept = self
                 .on_kept
                 .get()
-                .and_then(|_| self.staging.set_aside(f.id));
+                .and_then(|_| self.staging.set_aside(f.id))
+                .map(|path| (path, self.keep()));
             self.staging.remove(f.id, st.size);
             if let Some(cb) = self.on_handed_over.get() {
                 cb(&done);
             }
             kept
         };
-        if let (Some(path), Some(cb)) = (kept, self.on_kept.get()) {
-            cb(done, path);
+        if let (Some((path, keeping)), Some(cb)) = (kept, self.on_kept.get()) {
+            cb(done, path, keeping);
         }
         self.gauges();
         f.settled.notify_waiters();
