@@ -1004,3 +1004,63 @@ fn a_file_reopened_for_writing_right_after_close_is_not_busy() {
         wait_uploaded(&server, &b, &key, want, &m);
     }
 }
+
+/// What S3 has no place for is refused with the errno a file system that
+/// cannot hold it gives (EPERM; EOPNOTSUPP for extended attributes, as
+/// `cp -a` expects), and changes nothing; the daemon says so on one line
+/// at debug, not in a multi-line warning per call.
+#[test]
+fn links_special_files_and_xattrs_are_refused_on_one_log_line() {
+    let server = private_server();
+    let b = bucket_on(&server, "w-refused");
+    let staging = TempDir::new("staging-refused");
+    let m = rw(&server, &b, &staging.0, "");
+    std::fs::write(m.p("a.txt"), b"a").unwrap();
+    let r = std::os::unix::fs::symlink("a.txt", m.p("s"));
+    assert_errno(r, libc::EPERM, "symlink");
+    let r = std::fs::hard_link(m.p("a.txt"), m.p("h"));
+    assert_errno(r, libc::EPERM, "link");
+    let fifo = std::ffi::CString::new(m.p("f").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path that outlives the call.
+    let rc = unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) };
+    let r = if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    };
+    assert_errno(r, libc::EPERM, "mkfifo");
+    let path = std::ffi::CString::new(m.p("a.txt").as_os_str().as_encoded_bytes()).unwrap();
+    for _ in 0..2 {
+        // SAFETY: NUL-terminated name and path, a 1-byte value.
+        let rc = unsafe {
+            libc::setxattr(
+                path.as_ptr(),
+                c"user.k".as_ptr(),
+                b"v".as_ptr().cast(),
+                1,
+                0,
+            )
+        };
+        let r = if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        };
+        assert_errno(r, libc::EOPNOTSUPP, "setxattr");
+    }
+    let names: Vec<String> = std::fs::read_dir(m.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["a.txt".to_string()]);
+    let log = m.log();
+    assert!(!log.contains("Not Implemented"), "{log}");
+    for what in [
+        "symlink refused",
+        "link refused",
+        "mknod refused",
+        "setxattr refused",
+    ] {
+        assert!(log.contains(what), "{what}:\n{log}");
+    }
+}

@@ -1003,4 +1003,93 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         let _turn = self.turn("access");
         reply.ok();
     }
+
+    // Refusals of what S3 has no place for, answered as fuser's defaults
+    // answer them but logged on one line at debug (fuser's defaults log a
+    // multi-line warning each time: every `ln` or `cp -a` would print one).
+
+    /// Device files and FIFOs: EPERM.
+    fn mknod(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let _turn = self.turn("mknod");
+        debug!(
+            parent = parent.0,
+            ?name,
+            "mknod refused: no special files in S3"
+        );
+        reply.error(Errno::EPERM);
+    }
+
+    /// Symbolic links: EPERM.
+    fn symlink(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        _target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        let _turn = self.turn("symlink");
+        debug!(
+            parent = parent.0,
+            ?link_name,
+            "symlink refused: no links in S3"
+        );
+        reply.error(Errno::EPERM);
+    }
+
+    /// Hard links: EPERM.
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let _turn = self.turn("link");
+        debug!(ino = ino.0, ?newname, "link refused: no links in S3");
+        reply.error(Errno::EPERM);
+    }
+
+    /// Extended attributes cannot be set: ENOSYS, which the kernel keeps
+    /// for the mount and answers EOPNOTSUPP itself from then on (`no_setxattr`
+    /// in fs/fuse/xattr.c).
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let _turn = self.turn("setxattr");
+        debug!(
+            ino = ino.0,
+            ?name,
+            "setxattr refused: extended attributes are read-only"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// Likewise ENOSYS (`no_removexattr` in fs/fuse/xattr.c).
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _turn = self.turn("removexattr");
+        debug!(
+            ino = ino.0,
+            ?name,
+            "removexattr refused: extended attributes are read-only"
+        );
+        reply.error(Errno::ENOSYS);
+    }
 }
