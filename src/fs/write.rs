@@ -419,7 +419,13 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         if !gate(ino).await {
             return Err(FsError::Busy);
         }
-        let _one = w.stage_lock(&attr.key).await;
+        // A copy is one at a time per name; an empty file needs no wait
+        // behind another open's copy (its publish then opens this file).
+        let _one = if truncate {
+            None
+        } else {
+            Some(w.stage_lock(&attr.key).await)
+        };
         let f = match w
             .staged(&attr.key)
             .and_then(|f| w.open_writer(&f, truncate).map(|r| (f, r)))
