@@ -101,9 +101,9 @@ pub fn lock_dir(dir: &Path, key: &str, shown: &Path, what: &str) -> anyhow::Resu
                 .unwrap_or_default();
             anyhow::bail!(
                 "{key}: {} is in use by another running lakemount{holder}: a mount of it, or \
-                 one unmounted moments ago that is still uploading its staged files (for up \
-                 to write.shutdown_wait_secs; `umount` returns before it exits): wait for \
-                 that process to exit, or give each mount its own {what}",
+                 one unmounted moments ago that is still uploading its staged files or \
+                 writing its cache (`umount` returns before it exits): wait for that \
+                 process to exit, or give each mount its own {what}",
                 shown.display()
             )
         }
