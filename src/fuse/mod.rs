@@ -151,6 +151,16 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
         self.turns.take()
     }
 
+    /// The answer to a request for what S3 has no place for (`op` of
+    /// `name` at inode `ino`): `errno`, and one debug log line where
+    /// fuser's defaults log a multi-line warning each time (every `ln` or
+    /// `cp -a` would print one).
+    fn refused(&self, op: &'static str, ino: u64, name: &OsStr, why: &str, errno: Errno) -> Errno {
+        let _turn = self.turn(op);
+        debug!(ino, ?name, "{op} refused: {why}");
+        errno
+    }
+
     fn attr(stat: &Stat, direct_io_min_size: u64) -> FileAttr {
         FileAttr {
             ino: INodeNo(stat.ino),
@@ -1004,9 +1014,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         reply.ok();
     }
 
-    // Refusals of what S3 has no place for, answered as fuser's defaults
-    // answer them but logged on one line at debug (fuser's defaults log a
-    // multi-line warning each time: every `ln` or `cp -a` would print one).
+    // Refusals of what S3 has no place for ([`FuseFs::refused`]).
 
     /// Device files and FIFOs: EPERM.
     fn mknod(
@@ -1019,13 +1027,13 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        let _turn = self.turn("mknod");
-        debug!(
-            parent = parent.0,
-            ?name,
-            "mknod refused: no special files in S3"
-        );
-        reply.error(Errno::EPERM);
+        reply.error(self.refused(
+            "mknod",
+            parent.0,
+            name,
+            "no special files in S3",
+            Errno::EPERM,
+        ));
     }
 
     /// Symbolic links: EPERM.
@@ -1037,13 +1045,13 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _target: &std::path::Path,
         reply: ReplyEntry,
     ) {
-        let _turn = self.turn("symlink");
-        debug!(
-            parent = parent.0,
-            ?link_name,
-            "symlink refused: no links in S3"
-        );
-        reply.error(Errno::EPERM);
+        reply.error(self.refused(
+            "symlink",
+            parent.0,
+            link_name,
+            "no links in S3",
+            Errno::EPERM,
+        ));
     }
 
     /// Hard links: EPERM.
@@ -1055,9 +1063,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let _turn = self.turn("link");
-        debug!(ino = ino.0, ?newname, "link refused: no links in S3");
-        reply.error(Errno::EPERM);
+        reply.error(self.refused("link", ino.0, newname, "no links in S3", Errno::EPERM));
     }
 
     /// Extended attributes cannot be set: ENOSYS, which the kernel keeps
@@ -1073,23 +1079,23 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let _turn = self.turn("setxattr");
-        debug!(
-            ino = ino.0,
-            ?name,
-            "setxattr refused: extended attributes are read-only"
-        );
-        reply.error(Errno::ENOSYS);
+        reply.error(self.refused(
+            "setxattr",
+            ino.0,
+            name,
+            "extended attributes are read-only",
+            Errno::ENOSYS,
+        ));
     }
 
     /// Likewise ENOSYS (`no_removexattr` in fs/fuse/xattr.c).
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _turn = self.turn("removexattr");
-        debug!(
-            ino = ino.0,
-            ?name,
-            "removexattr refused: extended attributes are read-only"
-        );
-        reply.error(Errno::ENOSYS);
+        reply.error(self.refused(
+            "removexattr",
+            ino.0,
+            name,
+            "extended attributes are read-only",
+            Errno::ENOSYS,
+        ));
     }
 }
