@@ -1064,3 +1064,114 @@ fn links_special_files_and_xattrs_are_refused_on_one_log_line() {
         assert!(log.contains(what), "{what}:\n{log}");
     }
 }
+
+/// A staged file unlinked or replaced while open stays the open file:
+/// ftruncate and writes through its descriptors change it, fstat (which
+/// sends no handle) shows it, futimens sets its time, and none of that
+/// brings its old name back or touches the file now at that name. A file
+/// still at its name is truncated and uploaded so. With and without
+/// passthrough.
+#[test]
+fn ftruncate_changes_only_the_open_file() {
+    use std::os::unix::fs::MetadataExt;
+    for passthrough in [false, true] {
+        let b = bucket(&format!("w-ftrunc-{passthrough}"));
+        for k in ["gone.bin", "moved-over.bin", "kept.bin"] {
+            server().put(&b, k, format!("old {k} content").into_bytes());
+        }
+        let staging = TempDir::new("staging");
+        let addr = format!("127.0.0.1:{}", free_port());
+        let m = MountSpec::new(&b)
+            .server(server())
+            .args(&[
+                "--read-write",
+                "--staging-dir",
+                staging.0.to_str().unwrap(),
+                "--metrics-addr",
+                &addr,
+            ])
+            .config(&format!(
+                "[write]\npassthrough = {passthrough}\nupload_delay_secs = 3600\n"
+            ))
+            .mount();
+        let open = |k: &str| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(m.p(k))
+                .unwrap_or_else(|e| panic!("open {k}: {e}\n{}", m.log()))
+        };
+        // Unlinked while open.
+        let gone = open("gone.bin");
+        std::fs::remove_file(m.p("gone.bin")).unwrap();
+        gone.set_len(3)
+            .unwrap_or_else(|e| panic!("ftruncate of an unlinked file: {e}\n{}", m.log()));
+        gone.write_all_at(b"!", 3).unwrap();
+        assert_eq!(gone.metadata().unwrap().len(), 4, "fstat after ftruncate");
+        let mut back = vec![0; 8];
+        let n = gone.read_at(&mut back, 0).unwrap();
+        assert_eq!(&back[..n], b"old!");
+        // Replaced by a rename while open: truncated, written, its time set.
+        let over = open("moved-over.bin");
+        std::fs::write(m.p("new.bin"), b"the new file").unwrap();
+        std::fs::rename(m.p("new.bin"), m.p("moved-over.bin")).unwrap();
+        over.set_len(1)
+            .unwrap_or_else(|e| panic!("ftruncate of a replaced file: {e}\n{}", m.log()));
+        over.write_all_at(b"xy", 1).unwrap();
+        assert_eq!(over.metadata().unwrap().len(), 3);
+        let past = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        over.set_modified(past).unwrap();
+        assert_eq!(
+            over.metadata().unwrap().mtime(),
+            1_000_000_000,
+            "{}",
+            m.log()
+        );
+        let now_there = std::fs::metadata(m.p("moved-over.bin")).unwrap();
+        assert_ne!(
+            now_there.mtime(),
+            1_000_000_000,
+            "futimens reached the new file"
+        );
+        assert_eq!(now_there.len(), 12);
+        assert_eq!(
+            std::fs::read(m.p("moved-over.bin")).unwrap(),
+            b"the new file"
+        );
+        // A staged file unlinked while a reader holds it.
+        std::fs::write(m.p("read.bin"), b"staged, then unlinked").unwrap();
+        let reader = std::fs::File::open(m.p("read.bin")).unwrap();
+        std::fs::remove_file(m.p("read.bin")).unwrap();
+        assert_eq!(
+            reader.metadata().unwrap().len(),
+            21,
+            "fstat of a read handle"
+        );
+        // Still at its name.
+        let kept = open("kept.bin");
+        kept.set_len(7).unwrap();
+        drop((gone, over, kept, reader));
+        let mut listed = names(&m.path());
+        listed.sort();
+        assert_eq!(
+            listed,
+            vec!["kept.bin", "moved-over.bin"],
+            "passthrough {passthrough}"
+        );
+        let opens = metric(&scrape(&addr), "lakemount_write_passthrough_opens_total");
+        assert_eq!(opens > 0.0, passthrough, "passthrough opens: {opens}");
+        drop(m); // Unmount uploads what is staged.
+        let mut keys = server().keys(&b);
+        keys.sort();
+        assert_eq!(
+            keys,
+            vec!["kept.bin", "moved-over.bin"],
+            "passthrough {passthrough}"
+        );
+        assert_eq!(
+            &server().get(&b, "moved-over.bin").unwrap()[..],
+            b"the new file"
+        );
+        assert_eq!(&server().get(&b, "kept.bin").unwrap()[..], b"old kep");
+    }
+}

@@ -361,8 +361,13 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         )))
     }
 
-    /// Attributes of `ino`, confirmed by a listing when older than the TTL.
+    /// Attributes of `ino`, confirmed by a listing when older than the TTL;
+    /// of the open file when a write handle holds it after it left its name
+    /// ([`Self::orphan_stat`]). Errors: ENOENT, the store's.
     pub async fn getattr(&self, ino: u64) -> Result<Stat, FsError> {
+        if let Some(stat) = self.orphan_stat(ino) {
+            return Ok(stat);
+        }
         let attr = self.fresh_attr(ino).await?;
         Ok(self.stat(&attr))
     }

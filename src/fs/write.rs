@@ -20,6 +20,8 @@ use crate::write::{Local, LocalChild, Staged, StagedAttr, Writes};
 
 /// An open handle of a staged file.
 pub(super) struct LocalHandle {
+    /// The inode it was opened as.
+    ino: u64,
     file: Arc<Staged>,
     /// Opened for writing (counts as one of the file's writers).
     write: bool,
@@ -197,6 +199,40 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         Some(self.writes.as_ref()?.staged(&key)?.data_file().clone())
     }
 
+    /// The staged file an open handle of inode `ino` holds after it left
+    /// its name (unlinked, or replaced by a rename or an O_TRUNC create)
+    /// without reaching S3. fstat and futimens send no handle
+    /// (`fuse_getattr` in fs/fuse/dir.c, `vfs_utimes` in fs/utimes.c), and
+    /// the name leads elsewhere or nowhere now. `None` on read-only mounts
+    /// and for an inode still at its name (the usual case: no handle is
+    /// looked at).
+    fn orphan_file(&self, ino: u64) -> Option<Arc<Staged>> {
+        self.writes.as_ref()?;
+        if !self.meta.inodes.superseded(ino) {
+            return None;
+        }
+        let files = self.local_files.lock().unwrap();
+        let h = files
+            .values()
+            .find(|h| h.ino == ino && h.file.is_orphaned())?;
+        Some(h.file.clone())
+    }
+
+    /// Stat of the file an open handle of `ino` holds after it left its
+    /// name ([`Self::orphan_file`]).
+    pub(super) fn orphan_stat(&self, ino: u64) -> Option<Stat> {
+        let f = self.orphan_file(ino)?;
+        self.writes.as_ref()?.sync_passthrough(&f);
+        Some(self.staged_stat(ino, &f.attr()))
+    }
+
+    /// The staged file of write handle `fh`, when it is one.
+    pub fn write_handle_file(&self, fh: u64) -> Option<Arc<Staged>> {
+        let files = self.local_files.lock().unwrap();
+        let h = files.get(&fh)?;
+        h.write.then(|| h.file.clone())
+    }
+
     /// Stat of the staged file open as `fh`, when it is one (fstat of a
     /// file unlinked while open still answers).
     pub fn local_stat(&self, ino: u64, fh: u64) -> Option<Stat> {
@@ -265,11 +301,12 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         })
     }
 
-    fn new_local_handle(&self, file: Arc<Staged>, write: bool) -> u64 {
+    fn new_local_handle(&self, ino: u64, file: Arc<Staged>, write: bool) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.local_files.lock().unwrap().insert(
             fh,
             LocalHandle {
+                ino,
                 file,
                 write,
                 passthrough: false,
@@ -355,7 +392,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         };
         let f = w.create(&format!("{}{name}", dir.key), in_s3)?;
         let stat = self.upsert_staged(parent, &dir.key, name, &f, true);
-        let fh = self.new_local_handle(f.clone(), true);
+        let fh = self.new_local_handle(stat.ino, f.clone(), true);
         Ok((stat, self.local_opened(fh, &f, true, passthrough)))
     }
 
@@ -382,12 +419,12 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         };
         if let Some(f) = w.staged(&attr.key) {
             if !write {
-                let fh = self.new_local_handle(f.clone(), false);
+                let fh = self.new_local_handle(ino, f.clone(), false);
                 return Some(Ok(self.local_opened(fh, &f, false, passthrough)));
             }
             match w.open_writer(&f, truncate) {
                 Some(Ok(())) => {
-                    let fh = self.new_local_handle(f.clone(), true);
+                    let fh = self.new_local_handle(ino, f.clone(), true);
                     return Some(Ok(self.local_opened(fh, &f, true, passthrough)));
                 }
                 Some(Err(e)) => return Some(Err(e.into())),
@@ -450,7 +487,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         let a = f.attr();
         self.meta.inodes.set_file(ino, a.size, &a.etag, a.mtime);
         f.set_ino(ino);
-        let fh = self.new_local_handle(f.clone(), true);
+        let fh = self.new_local_handle(ino, f.clone(), true);
         Ok(self.local_opened(fh, &f, true, passthrough))
     }
 
@@ -554,18 +591,35 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     }
 
     /// setattr: `size` truncates or extends (staging the object first when
-    /// it is not staged); `mtime` sets a staged file's time. Mode and
-    /// ownership are fixed by the mount (`mount.file_mode`, `uid`, `gid`)
-    /// and silently kept. An object is staged only once `gate` allows.
-    /// Errors: EROFS for a size change on a read-only mount, EISDIR, ENOSPC,
-    /// ETXTBSY, the store's.
+    /// it is not staged); `mtime` sets a staged file's time. Through write
+    /// handle `fh` (ftruncate), or for an inode whose open file left its
+    /// name ([`Self::orphan_file`]: futimens), both apply to that open
+    /// file, whatever its name leads to now. Mode and ownership are fixed
+    /// by the mount (`mount.file_mode`, `uid`, `gid`) and silently kept. An
+    /// object is staged only once `gate` allows. Errors: EROFS for a size
+    /// change on a read-only mount, EISDIR, ENOSPC, ETXTBSY, the store's.
     pub async fn setattr(
         &self,
         ino: u64,
+        fh: Option<u64>,
         size: Option<u64>,
         mtime: Option<SystemTime>,
         gate: StageGate<'_>,
     ) -> Result<Stat, FsError> {
+        let open_file = fh
+            .and_then(|fh| self.write_handle_file(fh))
+            .or_else(|| self.orphan_file(ino));
+        if let Some(f) = open_file {
+            let w = self.writes()?;
+            if let Some(size) = size {
+                w.truncate_open(&f, size)?;
+            }
+            if let Some(t) = mtime {
+                w.set_mtime(&f, t);
+            }
+            w.sync_passthrough(&f);
+            return Ok(self.staged_stat(ino, &f.attr()));
+        }
         let attr = self.meta.inodes.get(ino).ok_or(FsError::NotFound)?;
         if let Some(size) = size {
             if attr.kind == EntryKind::Dir {
@@ -597,6 +651,11 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         }
         if let (Some(t), Some(w)) = (mtime, &self.writes)
             && let Some(f) = w.staged(&attr.key)
+            && self
+                .meta
+                .inodes
+                .get(ino)
+                .is_some_and(|a| a.etag == f.attr().etag)
         {
             w.set_mtime(&f, t);
         }

@@ -908,7 +908,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         _atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<std::time::SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<std::time::SystemTime>,
         _chgtime: Option<std::time::SystemTime>,
         _bkuptime: Option<std::time::SystemTime>,
@@ -919,7 +919,12 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
         if !self.fs.writable() {
             return reply.error(errno("setattr", &FsError::ReadOnly));
         }
-        let conflicts = size.is_some() && write_conflicts(&self.io, &self.fs, ino.0);
+        // Through a write handle (ftruncate) the change is to that
+        // handle's file, which its passthrough opens share already.
+        // (An orphaned file, `Fs::setattr`, has no other opens to wait for.)
+        let fh = fh.map(|f| f.0);
+        let own = fh.is_some_and(|fh| self.fs.write_handle_file(fh).is_some());
+        let conflicts = size.is_some() && !own && write_conflicts(&self.io, &self.fs, ino.0);
         let mtime = mtime.map(|t| match t {
             TimeOrNow::SpecificTime(t) => t,
             TimeOrNow::Now => std::time::SystemTime::now(),
@@ -931,7 +936,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
                 return reply.error(errno("setattr", &FsError::Busy));
             }
             let gate = stage_gate(&io, &fs);
-            match fs.setattr(ino.0, size, mtime, &gate).await {
+            match fs.setattr(ino.0, fh, size, mtime, &gate).await {
                 Ok(stat) => reply.attr(&fs.kernel_ttl(), &Self::attr(&stat, 0)),
                 Err(e) => reply.error(errno("setattr", &e)),
             }

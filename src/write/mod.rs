@@ -164,6 +164,8 @@ struct State {
     task: bool,
     /// Unlinked, or uploaded and handed over to S3: out of the overlay.
     gone: bool,
+    /// Gone without its upload: unlinked or replaced ([`Staged::is_orphaned`]).
+    orphaned: bool,
     /// An object (maybe an older version) is at `key` in S3: an unlink
     /// must delete it.
     in_s3: bool,
@@ -274,6 +276,7 @@ impl State {
             ready_at: None,
             task: false,
             gone: false,
+            orphaned: false,
             in_s3: false,
             stale_keys: Vec::new(),
             failures: 0,
@@ -319,6 +322,13 @@ impl Staged {
             mtime,
             etag: staged_etag(self.id),
         }
+    }
+
+    /// Whether it left its name without reaching S3: unlinked, or replaced
+    /// by another file at its name. Its open handles still read and write
+    /// it; nothing of it is uploaded.
+    pub fn is_orphaned(&self) -> bool {
+        self.st.lock().unwrap().orphaned
     }
 
     /// The data file, for FUSE passthrough of this file's opens.
@@ -789,6 +799,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         let mut st = old.st.lock().unwrap();
         if !st.gone {
             st.gone = true;
+            st.orphaned = true;
             self.staging.remove(old.id, st.size);
         }
         drop(st);
@@ -1078,14 +1089,30 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         if st.gone {
             return None;
         }
-        if let Err(e) = self.set_len(f, &mut st, size) {
-            return Some(Err(e));
-        }
-        if st.writers == 0 {
+        Some(self.truncate_locked(f, &mut st, size))
+    }
+
+    /// Truncates or extends `f`, which an open handle holds, to `size`
+    /// bytes (ftruncate): a file still staged as [`Self::truncate`], a file
+    /// that left its name meanwhile (unlinked or replaced) for its open
+    /// handles only, as its writes do. Errors: ENOSPC, local disk.
+    pub fn truncate_open(self: &Arc<Self>, f: &Arc<Staged>, size: u64) -> Result<(), WriteError> {
+        let mut st = f.st.lock().unwrap();
+        self.truncate_locked(f, &mut st, size)
+    }
+
+    fn truncate_locked(
+        self: &Arc<Self>,
+        f: &Arc<Staged>,
+        st: &mut State,
+        size: u64,
+    ) -> Result<(), WriteError> {
+        self.set_len(f, st, size)?;
+        if st.writers == 0 && !st.gone {
             st.ready_at = Some(Instant::now() + self.delay);
-            self.ensure_task(f, &mut st);
+            self.ensure_task(f, st);
         }
-        Some(Ok(()))
+        Ok(())
     }
 
     fn set_len(&self, f: &Staged, st: &mut State, size: u64) -> Result<(), WriteError> {
@@ -1109,9 +1136,14 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         Ok(())
     }
 
-    /// Sets the modification time of `f` (`touch`, utimensat).
+    /// Sets the modification time of `f` (`touch`, utimensat): also on its
+    /// data file, where a passthrough writer's file takes its times from.
     pub fn set_mtime(&self, f: &Staged, mtime: SystemTime) {
-        f.st.lock().unwrap().mtime = mtime;
+        let mut st = f.st.lock().unwrap();
+        if let Err(e) = f.file.set_modified(mtime) {
+            warn!(key = %st.key.escape_debug(), "setting a staged file's mtime failed: {e}");
+        }
+        st.mtime = mtime;
     }
 
     /// Makes S3 hold `f` as it is now and waits for it: Ok once it does.
