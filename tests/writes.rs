@@ -836,7 +836,7 @@ fn changes_wait_for_a_passthrough_reader_of_an_uploaded_file() {
         .open(m.p("f.bin"))
         .and_then(|f| f.set_len(0));
     assert_errno(r, libc::ETXTBSY, "open for writing beside the reader");
-    let r = nix_truncate(&m.p("f.bin"));
+    let r = nix_truncate(&m.p("f.bin"), 0);
     assert_errno(r, libc::ETXTBSY, "truncate beside the reader");
     let mut got = vec![0u8; body.len()];
     reader.read_exact_at(&mut got, 0).unwrap();
@@ -860,12 +860,12 @@ fn changes_wait_for_a_passthrough_reader_of_an_uploaded_file() {
     assert_eq!(server().get(&b, "f.bin").unwrap(), b"new".to_vec());
 }
 
-/// truncate(2) of `path` to 0 bytes.
-fn nix_truncate(path: &Path) -> std::io::Result<()> {
+/// truncate(2) of `path` to `len` bytes.
+fn nix_truncate(path: &Path, len: i64) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
     // SAFETY: a valid NUL-terminated path.
-    if unsafe { libc::truncate(c.as_ptr(), 0) } == 0 {
+    if unsafe { libc::truncate(c.as_ptr(), len) } == 0 {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
@@ -1174,4 +1174,27 @@ fn ftruncate_changes_only_the_open_file() {
         );
         assert_eq!(&server().get(&b, "kept.bin").unwrap()[..], b"old kep");
     }
+}
+
+/// truncate(2) that shrinks an object fetches only the bytes it keeps,
+/// and uploads them; one that extends it keeps every byte.
+#[test]
+fn a_shrinking_truncate_fetches_only_what_it_keeps() {
+    let server = private_server();
+    let b = bucket_on(&server, "w-shrink");
+    let big = data(24 << 20, 31);
+    server.put(&b, "big.bin", big.clone());
+    server.put(&b, "small.bin", b"0123456789".to_vec());
+    let staging = TempDir::new("staging");
+    let m = rw(&server, &b, &staging.0, "");
+    let before = server.get_body_bytes();
+    nix_truncate(&m.p("big.bin"), 1000).unwrap_or_else(|e| panic!("{e}\n{}", m.log()));
+    let fetched = server.get_body_bytes() - before;
+    assert!(fetched < 4 << 20, "{fetched} bytes fetched to keep 1000");
+    assert_eq!(std::fs::metadata(m.p("big.bin")).unwrap().len(), 1000);
+    assert_eq!(std::fs::read(m.p("big.bin")).unwrap(), big[..1000]);
+    nix_truncate(&m.p("small.bin"), 12).unwrap();
+    drop(m); // Unmount uploads what is staged.
+    assert_eq!(&server.get(&b, "big.bin").unwrap()[..], &big[..1000]);
+    assert_eq!(&server.get(&b, "small.bin").unwrap()[..], b"0123456789\0\0");
 }

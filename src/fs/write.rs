@@ -435,20 +435,22 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             return None;
         }
         Some(
-            self.stage_object(ino, &attr, truncate, passthrough, gate)
+            self.stage_object(ino, &attr, truncate, u64::MAX, passthrough, gate)
                 .await,
         )
     }
 
     /// Stages object `attr` (inode `ino`) for writing: empty with
-    /// `truncate`, else its bytes copied in by ranged GETs pinned to its
-    /// ETag, before the file is shown (one copy of a name at a time); once
-    /// `gate` allows (else ETXTBSY).
+    /// `truncate`, else its first `limit` bytes (all of it when shorter:
+    /// a truncate that shrinks it fetches only what it keeps) copied in by
+    /// ranged GETs pinned to its ETag, before the file is shown (one copy
+    /// of a name at a time); once `gate` allows (else ETXTBSY).
     async fn stage_object(
         &self,
         ino: u64,
         attr: &Attr,
         truncate: bool,
+        limit: u64,
         passthrough: bool,
         gate: StageGate<'_>,
     ) -> Result<Opened, FsError> {
@@ -477,11 +479,12 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             None => {
                 let attr = self.fresh_attr(ino).await?;
                 let f = w.create_unpublished(&attr.key)?;
-                if let Err(e) = self.copy_in(w, &f, &attr).await {
+                let len = attr.size.min(limit);
+                if let Err(e) = self.copy_in(w, &f, &attr, len).await {
                     w.discard(&f);
                     return Err(e);
                 }
-                w.publish(f, &attr.etag)?
+                w.publish(f, (len == attr.size).then_some(attr.etag.as_str()))?
             }
         };
         let a = f.attr();
@@ -491,17 +494,19 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         Ok(self.local_opened(fh, &f, true, passthrough))
     }
 
-    /// Copies object `attr` into staged file `f` (ranged GETs of
-    /// [`STAGE_CHUNK`] through the data cache, pinned to its ETag).
+    /// Copies the first `len` bytes of object `attr` into staged file `f`
+    /// (ranged GETs of [`STAGE_CHUNK`] through the data cache, pinned to
+    /// its ETag).
     async fn copy_in(
         &self,
         w: &Arc<Writes<S>>,
         f: &Arc<Staged>,
         attr: &Attr,
+        len: u64,
     ) -> Result<(), FsError> {
         let mut off = 0;
-        while off < attr.size {
-            let end = (off + STAGE_CHUNK).min(attr.size);
+        while off < len {
+            let end = (off + STAGE_CHUNK).min(len);
             let got = match &self.cache {
                 Some(c) => c
                     .get_range(
@@ -631,7 +636,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
                 Some(r) => r?,
                 None => {
                     let o = self
-                        .stage_object(ino, &attr, size == 0, false, gate)
+                        .stage_object(ino, &attr, size == 0, size, false, gate)
                         .await?;
                     let f = self
                         .local_files

@@ -721,15 +721,17 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         self.drop_staged(f);
     }
 
-    /// Puts `f`, a whole copy of the object at its key with ETag `etag`,
-    /// in the overlay, and gives the file to open for writing: `f`, or a
-    /// file staged at that key meanwhile (then `f` is dropped and the other
-    /// one opened for writing). The copy counts as uploaded: closed
-    /// unchanged, it goes back to being the object without an upload.
+    /// Puts `f`, a copy of the object at its key, in the overlay, and
+    /// gives the file to open for writing: `f`, or a file staged at that
+    /// key meanwhile (then `f` is dropped and the other one opened for
+    /// writing). A whole copy (`etag`: the object's ETag) counts as
+    /// uploaded: closed unchanged, it goes back to being the object without
+    /// an upload. A partial one (`None`: the part a shrinking truncate
+    /// keeps) is a new version to upload.
     pub fn publish(
         self: &Arc<Self>,
         f: Arc<Staged>,
-        etag: &str,
+        etag: Option<&str>,
     ) -> Result<Arc<Staged>, WriteError> {
         let key = f.st.lock().unwrap().key.clone();
         let mut ov = self.ov.lock().unwrap();
@@ -746,8 +748,10 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         self.claim(&mut ov, &key, &f);
         let mut st = f.st.lock().unwrap();
         st.in_s3 = true;
-        st.uploaded = st.version;
-        st.etag = etag.to_string();
+        if let Some(etag) = etag {
+            st.uploaded = st.version;
+            st.etag = etag.to_string();
+        }
         st.no_early = false;
         drop(st);
         drop(ov);
