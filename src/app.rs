@@ -614,12 +614,19 @@ impl Mounted {
         if let (Some((w, wait)), Some(rt)) = (self.writes.take(), &self.rt) {
             // Every handle is closed now: upload what is staged, for a while.
             let left = rt.block_on(w.upload_all(wait));
-            if left > 0 {
+            if left.staged > 0 {
                 warn!(
-                    files = left,
+                    files = left.staged,
                     dir = %w.staging().dir().display(),
                     "unmounted with staged files not yet in S3: they stay in staging and \
                      are uploaded at the next start"
+                );
+            }
+            if left.uncached > 0 {
+                info!(
+                    files = left.uncached,
+                    "unmounted before every uploaded file was copied into the data cache: \
+                     the next mount reads those from S3"
                 );
             }
         }

@@ -794,6 +794,13 @@ fn an_unmount_right_after_a_close_leaves_the_uploaded_file_cached() {
     let (status, log) = m.stop();
     assert!(status.success(), "{log}");
     assert!(server.get(&b, "big.bin").unwrap() == big, "{log}");
+    // A checkpoint-sized upload is logged at info.
+    assert!(
+        log.lines()
+            .any(|l| l.contains(" INFO ") && l.contains("uploaded") && l.contains("big.bin")),
+        "{log}"
+    );
+    assert!(!log.contains("copied into the data cache"), "{log}");
     let left: Vec<String> = std::fs::read_dir(&staging.0)
         .unwrap()
         .filter_map(|e| e.ok())

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use tokio::sync::Notify;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::cache::Size;
 use crate::store::{ObjectStore, WriteStore};
@@ -434,6 +434,16 @@ impl Drop for Keeping {
     }
 }
 
+/// What [`Writes::upload_all`] left undone when it returned.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Unflushed {
+    /// Staged files not in S3 yet: uploaded at the next start.
+    pub staged: usize,
+    /// Uploaded files not yet in the data cache: the next mount reads them
+    /// from S3.
+    pub uncached: usize,
+}
+
 /// The write path of one mount.
 pub struct Writes<S> {
     staging: Staging,
@@ -616,10 +626,11 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
 
     /// At unmount: uploads every staged file now (delays and retry waits
     /// cut short) and waits up to `limit` for S3 to hold them all, and for
-    /// the uploaded ones to be kept ([`Self::on_kept`]): how many are left. The FUSE session has ended, so no handle can write any
-    /// more, whether or not its RELEASE arrived before the unmount; what
-    /// passthrough writers wrote is taken in first.
-    pub async fn upload_all(self: &Arc<Self>, limit: Duration) -> usize {
+    /// the uploaded ones to be kept ([`Self::on_kept`]). The FUSE session
+    /// has ended, so no handle can write any more, whether or not its
+    /// RELEASE arrived before the unmount; what passthrough writers wrote
+    /// is taken in first.
+    pub async fn upload_all(self: &Arc<Self>, limit: Duration) -> Unflushed {
         let keeping = self.keeping.clone();
         let files: Vec<Arc<Staged>> = self.ov.lock().unwrap().files.values().cloned().collect();
         for f in &files {
@@ -638,11 +649,13 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         }
         let deadline = Instant::now() + limit;
         loop {
-            let left = self.ov.lock().unwrap().files.len();
-            // Uploaded files still being taken into the data cache: the
-            // next mount would fetch them from S3 again.
-            let kept = keeping.load(std::sync::atomic::Ordering::Acquire) == 0;
-            if (left == 0 && kept) || Instant::now() >= deadline {
+            let left = Unflushed {
+                staged: self.ov.lock().unwrap().files.len(),
+                // Uploaded files still being taken into the data cache: the
+                // next mount would fetch them from S3 again.
+                uncached: keeping.load(std::sync::atomic::Ordering::Acquire),
+            };
+            if left == Unflushed::default() || Instant::now() >= deadline {
                 return left;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

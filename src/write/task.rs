@@ -218,7 +218,15 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         let mut st = f.st.lock().unwrap();
         match res {
             Ok((etag, version)) => {
-                metrics::histogram!(m::WRITE_UPLOAD_SECONDS).record(start.elapsed().as_secs_f64());
+                let secs = start.elapsed().as_secs_f64();
+                metrics::histogram!(m::WRITE_UPLOAD_SECONDS).record(secs);
+                // A checkpoint (past one part) or a file whose upload had
+                // failed is worth a line at info; each small file is not.
+                if size > self.up.part_size || st.failures > 0 {
+                    info!(key = %key.escape_debug(), size, secs, failed_before = st.failures, "uploaded");
+                } else {
+                    debug!(key = %key.escape_debug(), size, secs, "uploaded");
+                }
                 st.uploaded = version;
                 st.etag = etag;
                 st.in_s3 = true;
