@@ -138,14 +138,17 @@ impl Measured {
         Self::mean_between(&self.before, &self.after, path)
     }
 
-    /// Mean S3 latency of `op` over the walk and the small files.
+    /// Mean S3 latency of `op` over the walk and the small files: a GET's
+    /// time to its first byte where the daemon records it, so a slow link
+    /// (long bodies) is not taken for a slow server.
     fn s3_latency(&self, op: &str) -> Option<f64> {
         let mid = if self.mid.is_null() {
             &self.after
         } else {
             &self.mid
         };
-        Self::mean_between(&self.before, mid, &["s3", op, "latency_secs"])
+        Self::mean_between(&self.before, mid, &["s3", op, "first_byte_secs"])
+            .or_else(|| Self::mean_between(&self.before, mid, &["s3", op, "latency_secs"]))
     }
 
     /// Every finding, the likely bottleneck first, each with its reason.
@@ -195,8 +198,8 @@ impl Measured {
             out.push((
                 Bottleneck::S3Latency,
                 format!(
-                    "S3 answers slowly: GETs take {} on average, LISTs {}; every file not read ahead waits \
-                     that long. More readers in parallel (loader workers), a longer \
+                    "S3 answers slowly: GETs wait {} on average for their first byte, LISTs take \
+                     {}; every file not read ahead waits that long. More readers in parallel (loader workers), a longer \
                      metadata.ttl_secs, or `lakemount warm` before the job hide it",
                     ms(get_p50),
                     ms(list_p50)
@@ -488,9 +491,10 @@ fn report(mnt: &Path, m: &Measured, findings: &[(Bottleneck, String)]) -> String
     }
     let l = &a["s3"]["GET"]["latency_secs"];
     out += &format!(
-        "  S3               GETs {} on average (p99 {}), LISTs {}\n",
+        "  S3               GETs {} on average (p99 {}; first byte {}), LISTs {}\n",
         ms(m.mean(&["s3", "GET", "latency_secs"])),
         ms(f(&l["p99"])),
+        ms(m.mean(&["s3", "GET", "first_byte_secs"])),
         ms(m.mean(&["s3", "LIST", "latency_secs"]))
     );
     if a["cache"]["enabled"].as_bool().unwrap_or(false) {
@@ -605,5 +609,21 @@ mod tests {
         let mut walk = measured(stats(0.002, None, 0, 0));
         walk.walk_secs = 10.0;
         assert_eq!(first(walk), Bottleneck::Metadata);
+    }
+
+    #[test]
+    fn gets_slow_only_in_their_bodies_are_not_s3_latency() {
+        let first = |m: Measured| m.diagnose()[0].0;
+        // GETs of 50 ms whose first byte came after 2 ms: a slow link.
+        let mut link = stats(0.05, None, 0, 0);
+        link["s3"]["LIST"]["latency_secs"] = json!({"sum": 0.02, "count": 10});
+        link["s3"]["GET"]["first_byte_secs"] = json!({"sum": 0.02, "count": 10});
+        link["read"]["read_wait_secs"]["sum"] = json!(1.5);
+        let mut m = measured(link.clone());
+        m.seq_secs = 2.0;
+        assert_eq!(first(m), Bottleneck::S3Bandwidth);
+        // The same with a slow first byte is the server's latency.
+        link["s3"]["GET"]["first_byte_secs"] = json!({"sum": 0.4, "count": 10});
+        assert_eq!(first(measured(link)), Bottleneck::S3Latency);
     }
 }

@@ -291,6 +291,7 @@ impl DirectGet {
         urgency: Option<&Urgency>,
     ) -> Result<&'static str, Failure> {
         let want = (range.end - range.start) as usize;
+        let t0 = Instant::now();
         let sent = tokio::time::timeout_at(
             deadline.into(),
             self.hedged_send(url, &range, etag, urgency),
@@ -307,6 +308,7 @@ impl DirectGet {
                 ));
             }
         };
+        m::s3_first_byte(m::OP_GET, t0.elapsed());
         let target = buf.len() + want;
         let mut answer = answer;
         let read = self

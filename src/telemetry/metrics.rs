@@ -13,6 +13,9 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 pub const S3_REQUESTS: &str = "lakemount_s3_requests_total";
 /// Histogram: latency of one S3 request including SDK retries, seconds; label `op`.
 pub const S3_REQUEST_SECONDS: &str = "lakemount_s3_request_duration_seconds";
+/// Histogram: time from a GET's attempt to its response headers (the
+/// server's time to first byte, plus the network), seconds; label `op`.
+pub const S3_FIRST_BYTE_SECONDS: &str = "lakemount_s3_first_byte_seconds";
 /// Counter: S3 request attempts that failed and were tried again, labels
 /// `op` and `cause` (the failed attempt's HTTP status, or `network`,
 /// `timeout`, `stall`, `short_body`, `credentials`). A resumed GET body
@@ -290,6 +293,12 @@ pub fn s3_request_summary() -> Vec<String> {
 pub fn s3_request(op: &'static str, status: &str, elapsed: Duration) {
     metrics::counter!(S3_REQUESTS, "op" => op, "status" => status.to_string()).increment(1);
     metrics::histogram!(S3_REQUEST_SECONDS, "op" => op).record(elapsed.as_secs_f64());
+}
+
+/// Records the response headers of one `op` attempt, `elapsed` after it
+/// was sent.
+pub fn s3_first_byte(op: &'static str, elapsed: Duration) {
+    metrics::histogram!(S3_FIRST_BYTE_SECONDS, "op" => op).record(elapsed.as_secs_f64());
 }
 
 /// Records one failed attempt of an `op` request that is tried again.

@@ -177,6 +177,9 @@ pub fn stats(metrics: &str, info: &MountInfo, uptime_secs: f64) -> Value {
             "retries": s.sum(m::S3_RETRIES, &[("op", &op)]),
         });
         o["latency_secs"] = s.quantiles(m::S3_REQUEST_SECONDS, &[("op", &op)]);
+        if op == m::OP_GET {
+            o["first_byte_secs"] = s.quantiles(m::S3_FIRST_BYTE_SECONDS, &[("op", &op)]);
+        }
         requests.insert(op, o);
     }
     let mut v = json!({
