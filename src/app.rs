@@ -226,7 +226,7 @@ fn mount_and_serve(
         let _ = unmount_path(mountpoint, true);
         std::process::exit(1);
     }
-    let mut unmounter = mounted.unmounter()?;
+    let mut unmounter = Some(mounted.unmounter()?);
     let path = mountpoint.to_path_buf();
     // Once the mount answers: a stop signal that came before waits here.
     mounted.runtime().spawn(async move {
@@ -239,21 +239,29 @@ fn mount_and_serve(
         // fuser's unmounter gives up its mount at the first attempt, failed
         // or not: later attempts unmount the path themselves.
         for attempt in 1..=UNMOUNT_TRIES {
-            let tried = if attempt == 1 {
-                unmounter.unmount()
-            } else {
-                unmount_path(&path, false)
+            let tried = match unmounter.take() {
+                Some(mut u) => u.unmount(),
+                None => unmount_path(&path, false),
             };
             match tried {
-                Ok(()) => break,
+                Ok(()) => return,
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempt < UNMOUNT_TRIES => {
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
-                Err(e) => {
-                    warn!("unmount failed: {e}");
-                    break;
-                }
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => break,
+                Err(e) => return warn!("unmount failed: {e}"),
             }
+        }
+        // Still busy: a process has its working directory or a file open
+        // in the mount. Detached, the path is free at once (a restart can
+        // mount there) and those processes are served until they let go,
+        // when the session ends; a later signal would find nothing to do.
+        match unmount_path(&path, true) {
+            Ok(()) => warn!(
+                "the mount is busy (a process has its working directory or a file open in \
+                 it): detached it (umount -l); the daemon exits once those let go of it"
+            ),
+            Err(e) => warn!("unmount failed, and detaching the mount too: {e}"),
         }
     });
     daemon::report_ready();

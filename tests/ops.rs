@@ -870,3 +870,58 @@ fn sigterm_at_once_after_the_mount_appears_unmounts_cleanly() {
         assert!(!is_mounted(&path), "round {round}: still mounted:\n{log}");
     }
 }
+
+/// SIGTERM while a process keeps the mount busy (its working directory in
+/// it) detaches the mount after the 5 s of retries: the path is no longer a
+/// mount point, the process still reads through it, and the daemon exits 0
+/// once the process leaves. It used to log "unmount failed" and then ignore
+/// every later signal, the mount serving on.
+#[test]
+fn sigterm_on_a_busy_mount_detaches_it_and_exits_when_it_is_let_go() {
+    let b = bucket("sigterm-busy");
+    server().put(&b, "d/a", "inside");
+    let mut m = Mount::new(&b, &[]);
+    let path = m.path();
+    let dir = path.join("d");
+    // A shell whose working directory is in the mount, reading a file
+    // there when told to.
+    let mut sh = Command::new("sh")
+        .arg("-c")
+        .arg("read _; cat a; echo; read _")
+        .current_dir(&dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = m.child.as_ref().unwrap().id() as i32;
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let detached = wait_for(Duration::from_secs(15), || !is_mounted(&path));
+    assert!(detached.is_some(), "still mounted:\n{}", m.log());
+    assert!(
+        m.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "the daemon exited while its mount was in use:\n{}",
+        m.log()
+    );
+    let mut stdin = sh.stdin.take().unwrap();
+    use std::io::Write;
+    writeln!(stdin).unwrap();
+    let mut out = String::new();
+    {
+        use std::io::BufRead;
+        let mut r = std::io::BufReader::new(sh.stdout.as_mut().unwrap());
+        r.read_line(&mut out).unwrap();
+    }
+    assert_eq!(
+        out,
+        "inside\n",
+        "read through the detached mount:\n{}",
+        m.log()
+    );
+    writeln!(stdin).unwrap();
+    drop(stdin);
+    assert!(sh.wait().unwrap().success());
+    let (status, log) = m.stop();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("detached it"), "{log}");
+}
