@@ -471,6 +471,31 @@ fn plain_http_works_with_aws_ca_bundle_set() {
     std::fs::copy("/etc/ssl/certs/ca-certificates.crt", &ca).unwrap();
     let m = Mount::new(&b, &["--ca-bundle", ca.to_str().unwrap()]);
     assert_eq!(std::fs::read_to_string(m.p("x")).unwrap(), "plain");
+    drop(m);
+    // A bundle that cannot be read is not needed for http: a warning
+    // naming where it came from, and the mount works.
+    let m = MountSpec::new(&b)
+        .env("AWS_CA_BUNDLE", "/nonexistent/ca.pem")
+        .mount();
+    assert_eq!(std::fs::read_to_string(m.p("x")).unwrap(), "plain");
+    let log = m.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("WARN")
+                && l.contains("AWS_CA_BUNDLE: cannot read /nonexistent/ca.pem")),
+        "{log}"
+    );
+    // For an https endpoint it stops the mount, named the same way.
+    let o = run(lakemount_cmd("https://127.0.0.1:9")
+        .env("AWS_CA_BUNDLE", "/nonexistent/ca.pem")
+        .args(["mount", &format!("s3://{b}")])
+        .arg(&dir.0));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        reason(&o).contains("AWS_CA_BUNDLE: cannot read /nonexistent/ca.pem"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]

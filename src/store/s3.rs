@@ -165,14 +165,34 @@ impl S3Store {
         if let Some(url) = &config.endpoint_url {
             loader = loader.endpoint_url(url);
         }
-        let ca_bundle = config
-            .ca_bundle
+        let (ca_bundle, ca_source) = match &config.ca_bundle {
+            Some(p) => (Some(p.clone()), "s3.ca_bundle"),
+            None => (
+                std::env::var_os("AWS_CA_BUNDLE").map(PathBuf::from),
+                "AWS_CA_BUNDLE",
+            ),
+        };
+        // An endpoint given as plain http needs no CA: a bundle that
+        // cannot be loaded is then a warning, not a failed mount.
+        let plain_http = config
+            .endpoint_url
             .clone()
-            .or_else(|| std::env::var_os("AWS_CA_BUNDLE").map(PathBuf::from))
-            .filter(|p| !p.as_os_str().is_empty());
-        let tls = match ca_bundle {
-            Some(path) => {
-                let ctx = tls_context_with_ca(&path)?;
+            .or_else(|| std::env::var("AWS_ENDPOINT_URL_S3").ok())
+            .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+            .is_some_and(|u| u.to_ascii_lowercase().starts_with("http://"));
+        let ctx = match ca_bundle.filter(|p| !p.as_os_str().is_empty()) {
+            Some(path) => match tls_context_with_ca(&path, ca_source) {
+                Ok(ctx) => Some(ctx),
+                Err(e) if plain_http => {
+                    tracing::warn!("{e:#}; ignored: the endpoint is plain http");
+                    None
+                }
+                Err(e) => return Err(e),
+            },
+            None => None,
+        };
+        let tls = match ctx {
+            Some(ctx) => {
                 loader = loader.http_client(
                     aws_smithy_http_client::Builder::new()
                         .tls_provider(tls::Provider::Rustls(CryptoMode::AwsLc))
@@ -308,13 +328,15 @@ fn s3_endpoint_url(sdk: &aws_config::SdkConfig) -> Option<String> {
 
 /// TLS settings that trust only the certificates in the PEM file at `path`
 /// (the AWS CLI's `AWS_CA_BUNDLE` semantics). Plain-http endpoints still work.
-fn tls_context_with_ca(path: &std::path::Path) -> anyhow::Result<tls::TlsContext> {
+/// Errors name `source`, where the path came from (`s3.ca_bundle` or
+/// `AWS_CA_BUNDLE`): an unreadable file, or one without a PEM certificate.
+fn tls_context_with_ca(path: &std::path::Path, source: &str) -> anyhow::Result<tls::TlsContext> {
     use aws_smithy_http_client::tls::{TlsContext, TrustStore};
     let pem = std::fs::read(path)
-        .map_err(|e| anyhow::anyhow!("s3.ca_bundle: cannot read {}: {e}", path.display()))?;
+        .map_err(|e| anyhow::anyhow!("{source}: cannot read {}: {e}", path.display()))?;
     if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
         anyhow::bail!(
-            "s3.ca_bundle: {} holds no PEM certificate (expected -----BEGIN CERTIFICATE-----)",
+            "{source}: {} holds no PEM certificate (expected -----BEGIN CERTIFICATE-----)",
             path.display()
         );
     }
@@ -324,7 +346,7 @@ fn tls_context_with_ca(path: &std::path::Path) -> anyhow::Result<tls::TlsContext
     TlsContext::builder()
         .with_trust_store(trust)
         .build()
-        .map_err(|e| anyhow::anyhow!("s3.ca_bundle: {}: {e}", path.display()))
+        .map_err(|e| anyhow::anyhow!("{source}: {}: {e}", path.display()))
 }
 
 /// Maps an SDK error to a [`StoreError`] and the status label for metrics.
