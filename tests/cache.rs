@@ -943,3 +943,41 @@ fn cached_files_keep_reading_after_s3_stops() {
     assert!(read(&m, "d/big") == data(300_000, 71));
     assert_eio_soon(&m, "d/uncached");
 }
+
+/// The same with a server that takes connections and answers nothing
+/// (frozen, or a load balancer before a dead backend): a cached file
+/// still opens within the wait for a new listing (5 s), not after the
+/// request deadline, every TTL again; once S3 answers, listings are fresh.
+#[test]
+fn cached_files_keep_reading_while_s3_hangs() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "stalehang");
+    srv.put(&b, "d/big", data(300_000, 81));
+    let dir = TempDir::new("cache-stalehang");
+    let cache = dir.0.join("c");
+    let m = mount_cached(&srv, &b, &cache, STALE_TEST_KEYS);
+    assert!(read(&m, "d/big") == data(300_000, 81));
+    wait_blocks(&m, &cache, 1);
+    srv.set_delay("ListObjectsV2", "", Duration::from_secs(12));
+    for round in 0..2 {
+        std::thread::sleep(Duration::from_millis(1500));
+        drop_page_cache(&m.p("d/big"));
+        let t = Instant::now();
+        assert!(read(&m, "d/big") == data(300_000, 81), "round {round}");
+        let took = t.elapsed();
+        assert!(
+            took < Duration::from_secs(9),
+            "round {round}: {took:?} to read a cached file:\n{}",
+            m.log()
+        );
+    }
+    assert!(m.log().contains("serving the last listings"), "{}", m.log());
+    // Once S3 answers again, listings are fresh again: a file put
+    // meanwhile shows.
+    srv.put(&b, "d/new", "listed late");
+    srv.set_delay("ListObjectsV2", "", Duration::ZERO);
+    let listed = wait_for(Duration::from_secs(20), || {
+        std::fs::read(m.p("d/new")).is_ok_and(|d| d == b"listed late")
+    });
+    assert!(listed.is_some(), "{}", m.log());
+}

@@ -281,22 +281,48 @@ impl<S: ObjectStore> Meta<S> {
         metrics::counter!(m::META_LISTING_CACHE, "result" => "miss").increment(1);
         let store = self.store.clone();
         let key = prefix.to_string();
-        let result = self
-            .listings
-            .try_get_with(prefix.to_string(), async move {
-                let started = std::time::Instant::now();
-                match timed_list(&*store, &key, limit).await {
-                    Ok(Some(e)) => Ok(Arc::new(DirListing {
-                        entries: e,
-                        // When asked: a change after that may be missing.
-                        fetched: started,
-                        served_stale: std::sync::atomic::AtomicBool::new(false),
-                    })),
-                    Ok(None) => Err(None),
-                    Err(e) => Err(Some(e)),
+        let (listings, last_good) = (self.listings.clone(), self.last_good.clone());
+        let fetch = async move {
+            let r = listings
+                .try_get_with(key.clone(), async {
+                    let started = std::time::Instant::now();
+                    match timed_list(&*store, &key, limit).await {
+                        Ok(Some(e)) => Ok(Arc::new(DirListing {
+                            entries: e,
+                            // When asked: a change after that may be missing.
+                            fetched: started,
+                            served_stale: std::sync::atomic::AtomicBool::new(false),
+                        })),
+                        Ok(None) => Err(None),
+                        Err(e) => Err(Some(e)),
+                    }
+                })
+                .await;
+            if let Ok(l) = &r {
+                // Also when the caller stopped waiting (below).
+                last_good.insert(key, l.clone());
+            }
+            r
+        };
+        let result = match self.fallback(prefix) {
+            None => fetch.await,
+            // A last listing to serve: a refresh that hangs (a server that
+            // takes connections and answers nothing) is not waited for to
+            // its deadline. It goes on, and its listing replaces the one
+            // served meanwhile once it arrives.
+            Some(old) => {
+                let mut task = tokio::spawn(fetch);
+                match tokio::time::timeout(STALE_WAIT, &mut task).await {
+                    Ok(joined) => {
+                        joined.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+                    }
+                    Err(_) => {
+                        let why = format!("no answer within {STALE_WAIT:?}");
+                        return Ok(Some(self.serve_stale(prefix, old, why).await));
+                    }
                 }
-            })
-            .await;
+            }
+        };
         match result {
             Ok(listing) => {
                 if !self.config.stale_if_error().is_zero() {
@@ -336,17 +362,30 @@ impl<S: ObjectStore> Meta<S> {
         }
     }
 
-    /// The last good listing of `prefix` when listing it failed with a
-    /// server or network fault (`err`) and it is at most the TTL plus
-    /// [`MetaConfig::stale_if_error`] old; warns once per outage.
+    /// The last good listing of `prefix`, when it may still be served in
+    /// place of a new one: at most the TTL plus
+    /// [`MetaConfig::stale_if_error`] old.
+    fn fallback(&self, prefix: &str) -> Option<Listing> {
+        if self.config.stale_if_error().is_zero() {
+            return None;
+        }
+        let old = self.last_good.get(prefix)?;
+        (old.fetched.elapsed() <= self.config.ttl() + self.config.stale_if_error()).then_some(old)
+    }
+
+    /// The last good listing of `prefix` ([`Self::fallback`]) when listing
+    /// it failed with a server or network fault (`err`).
     async fn stale_listing(&self, prefix: &str, err: &StoreError) -> Option<Listing> {
         if !matches!(err, StoreError::Transient(_) | StoreError::Throttled(_)) {
             return None;
         }
-        let old = self.last_good.get(prefix)?;
-        if old.fetched.elapsed() > self.config.ttl() + self.config.stale_if_error() {
-            return None;
-        }
+        let old = self.fallback(prefix)?;
+        Some(self.serve_stale(prefix, old, err.to_string()).await)
+    }
+
+    /// Serves `old`, the last good listing of `prefix`, for the next TTL in
+    /// place of the one S3 did not give (`why`); warns once per outage.
+    async fn serve_stale(&self, prefix: &str, old: Listing, why: String) -> Listing {
         old.served_stale
             .store(true, std::sync::atomic::Ordering::Relaxed);
         // Served for the next TTL without asking again: one failing refresh
@@ -356,13 +395,13 @@ impl<S: ObjectStore> Meta<S> {
         if !self.outage.swap(true, std::sync::atomic::Ordering::Relaxed) {
             warn!(
                 prefix = %prefix.escape_debug(),
-                error = %err,
+                error = %why,
                 stale_if_error_secs = self.config.stale_if_error_secs,
                 "listing failed: serving the last listings past their TTL until S3 answers \
                  (cached files keep reading; others fail with EIO)"
             );
         }
-        Some(old)
+        old
     }
 
     /// Drops the cached listing of `prefix` and the negative entry of
@@ -499,6 +538,14 @@ impl<S: ObjectStore> Meta<S> {
 /// Directories remembered as too large to cache, at most. Each is one prefix
 /// string; 10,000 of them are a few hundred KB.
 const MAX_HUGE_DIRS: u64 = 10_000;
+
+/// How long a lookup waits for a directory's new listing when its last one
+/// may still be served ([`Meta::fallback`]): past it, the last one is served
+/// while the LIST goes on. A LIST page takes milliseconds on a sound server
+/// (a few seconds for a directory of 100,000 entries); a server that takes
+/// the connection and answers nothing would otherwise hold every lookup in
+/// the directory until `s3.request_deadline_secs`.
+const STALE_WAIT: Duration = Duration::from_secs(5);
 
 /// [`listing::list_dir_upto`] with its latency recorded.
 async fn timed_list<S: ObjectStore>(
