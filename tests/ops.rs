@@ -86,6 +86,20 @@ fn stats_json_counts_a_known_read_exactly() {
     assert!(text.contains("S3 GET"), "{text}");
 }
 
+/// The SDK's own retries (a LIST answered 503 once) count in the stats as
+/// a GET's do; they used to show 0 for every request type but GET.
+#[test]
+fn stats_count_the_retries_of_listings_too() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "stats-retries");
+    srv.put(&b, "d/a", "x");
+    let m = MountSpec::new(&b).server(&srv).mount();
+    srv.fail_next("ListObjectsV2", 503, 1);
+    assert_eq!(names(&m.p("d")), vec!["a"]);
+    let v = stats_json(&m.path());
+    assert_eq!(v["s3"]["LIST"]["retries"], 1.0, "{v:#}");
+}
+
 #[test]
 fn stats_watch_refreshes_with_rates_and_ends_when_its_reader_goes() {
     use std::io::Read;

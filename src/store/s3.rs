@@ -245,6 +245,7 @@ impl S3Store {
             .request_checksum_calculation(
                 aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired,
             );
+        builder = builder.interceptor(SdkRetries);
         let s3 = builder.build();
         let direct = DirectGet::new(get::Setup {
             bucket,
@@ -324,6 +325,55 @@ fn s3_endpoint_url(sdk: &aws_config::SdkConfig) -> Option<String> {
     sdk.service_config()
         .and_then(|c| c.load_config(key))
         .or_else(|| sdk.endpoint_url().map(str::to_string))
+}
+
+/// Counts the SDK's own retries (LIST, HEAD, uploads, copies, deletes) in
+/// `lakemount_s3_retries_total{cause="sdk"}`, as [`get`] counts a GET's:
+/// the SDK retries inside one call, which lakemount's request counts see as
+/// one request.
+#[derive(Debug)]
+struct SdkRetries;
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for SdkRetries {
+    fn name(&self) -> &'static str {
+        "lakemount-retry-counter"
+    }
+
+    fn read_before_attempt(
+        &self,
+        _ctx: &aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef<'_>,
+        _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        use aws_smithy_runtime_api::client::orchestrator::Metadata;
+        use aws_smithy_runtime_api::client::retries::RequestAttempts;
+        let retry = cfg
+            .load::<RequestAttempts>()
+            .is_some_and(|a| a.attempts() > 1);
+        if retry && let Some(op) = cfg.load::<Metadata>().and_then(|md| sdk_op(md.name())) {
+            m::s3_retry(op, "sdk");
+        }
+        Ok(())
+    }
+}
+
+/// lakemount's metric label of an SDK operation (`None`: not one it sends).
+fn sdk_op(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "ListObjectsV2" | "ListObjects" => m::OP_LIST,
+        "HeadObject" | "HeadBucket" => m::OP_HEAD,
+        "GetObject" => m::OP_GET,
+        "PutObject" => m::OP_PUT,
+        "CreateMultipartUpload" => m::OP_CREATE_MULTIPART,
+        "UploadPart" => m::OP_UPLOAD_PART,
+        "CompleteMultipartUpload" => m::OP_COMPLETE_MULTIPART,
+        "AbortMultipartUpload" => m::OP_ABORT_MULTIPART,
+        "ListMultipartUploads" => m::OP_LIST_MULTIPART,
+        "CopyObject" => m::OP_COPY,
+        "UploadPartCopy" => m::OP_UPLOAD_PART_COPY,
+        "DeleteObject" => m::OP_DELETE,
+        _ => return None,
+    })
 }
 
 /// TLS settings that trust only the certificates in the PEM file at `path`
