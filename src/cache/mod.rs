@@ -68,7 +68,9 @@ impl Size {
         if let Some(p) = t.strip_suffix('%') {
             let p: f64 = p.trim().parse().map_err(|_| bad())?;
             if !(0.0..=100.0).contains(&p) {
-                return Err(bad());
+                return Err(format!(
+                    "{s:?}: a percentage of the file system is 0% to 100%"
+                ));
             }
             return Ok(Size::Percent(p));
         }
@@ -531,6 +533,7 @@ mod tests {
         for bad in ["", "12 apples", "150%", "-1", "1.5GiB", "%"] {
             assert!(Size::parse(bad).is_err(), "{bad:?} accepted");
         }
+        assert!(Size::parse("180%").unwrap_err().contains("0% to 100%"));
         assert_eq!(Size::Percent(50.0).bytes(1000), 500);
     }
 
