@@ -611,10 +611,12 @@ fn a_slowed_cache_device_raises_the_alarm_and_reads_go_to_s3() {
     assert_eq!(read_uncached(&file), data(LEN, 11));
     let after = stats_json(&m.path());
     assert_eq!(disk(&after), disk(&before) + LEN as u64, "{after:#}");
-    // 16 blocks re-read; under load a few pages may have left the page
-    // cache (or be locked), and those reads do reach the device.
+    // 16 blocks re-read; some pages may have left the page cache (a DAMON
+    // pageout scheme, as on the bench machine, evicts cold page cache) or
+    // be locked, and those reads do reach the device. Counting page-cache
+    // reads would add all 16.
     assert!(
-        reads(&after) - reads(&before) <= 4.0,
+        reads(&after) - reads(&before) <= 8.0,
         "page-cache reads counted as device reads: {} -> {}",
         reads(&before),
         reads(&after)
