@@ -39,7 +39,9 @@ pub fn run_mount(args: &MountArgs) -> anyhow::Result<()> {
     raise_open_files_limit();
     // Before any thread of the mount starts: they all inherit the mask.
     let stop = StopSignals::start()?;
-    let result = mount_and_serve(&source, &args.mountpoint, &config, stop);
+    // Absolute in the log, stats and the mount table, as given otherwise.
+    let mountpoint = std::path::absolute(&args.mountpoint).unwrap_or(args.mountpoint.clone());
+    let result = mount_and_serve(&source, &mountpoint, &config, stop);
     if let Err(e) = &result {
         daemon::report_failure(&format!("{e:#}"));
     }

@@ -276,7 +276,9 @@ fn ms(s: Option<f64>) -> String {
 /// Runs `lakemount doctor`. Errors: not a running lakemount mount (no control
 /// socket answers), or the mount cannot be read at all.
 pub fn run_doctor(args: &DoctorArgs) -> anyhow::Result<()> {
-    let socket = crate::telemetry::control::socket_path(&mount_root(&args.mountpoint));
+    let socket = crate::telemetry::control::socket_path(&crate::telemetry::control::mount_root(
+        &args.mountpoint,
+    ));
     let stats = || {
         crate::stats::fetch(&socket).with_context(|| {
             format!(
@@ -389,25 +391,6 @@ fn walk(
         }
     }
     Ok(files)
-}
-
-/// The mount point holding `p` (`p` itself, or the last ancestor on the same
-/// device), so that a directory inside a mount finds the mount's socket.
-fn mount_root(p: &Path) -> PathBuf {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(mut cur) = std::fs::canonicalize(p) else {
-        return p.to_path_buf();
-    };
-    let Ok(dev) = std::fs::metadata(&cur).map(|m| m.dev()) else {
-        return cur;
-    };
-    while let Some(parent) = cur.parent() {
-        match std::fs::metadata(parent) {
-            Ok(m) if m.dev() == dev => cur = parent.to_path_buf(),
-            _ => break,
-        }
-    }
-    cur
 }
 
 /// Reads up to `limit` bytes of `path` after dropping its page cache, so the

@@ -20,7 +20,10 @@ use crate::cli::StatsArgs;
 pub fn run_stats(args: &StatsArgs) -> anyhow::Result<()> {
     let socket = match &args.socket {
         Some(s) => s.clone(),
-        None => crate::telemetry::control::socket_path(&args.mountpoint),
+        None => {
+            use crate::telemetry::control::{mount_root, socket_path};
+            socket_path(&mount_root(&args.mountpoint))
+        }
     };
     let mut last: Option<(Instant, Value)> = None;
     loop {

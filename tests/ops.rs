@@ -47,6 +47,7 @@ fn stats_json_counts_a_known_read_exactly() {
     const LEN: usize = 3_000_000;
     let b = bucket("stats");
     server().put(&b, "shard.bin", data(LEN, 5));
+    server().put(&b, "d/x", "x");
     let cache = TempDir::new("stats-cache");
     let m = MountSpec::new(&b)
         .args(&["--cache-dir", cache.0.to_str().unwrap()])
@@ -63,6 +64,9 @@ fn stats_json_counts_a_known_read_exactly() {
     assert!(v["s3"]["GET"]["requests"].as_u64().unwrap() >= 1, "{v:#}");
     assert_eq!(v["s3"]["GET"]["errors"], 0, "{v:#}");
     assert!(v["s3"]["GET"]["latency_secs"]["p50"].as_f64().unwrap() > 0.0);
+    assert!(v["s3"]["GET"]["first_byte_secs"]["count"].as_f64().unwrap() >= 1.0);
+    // A directory inside the mount finds the mount's daemon.
+    assert_eq!(stats_json(&m.p("d"))["mount"]["bucket"], b.as_str());
 
     // The same bytes again come from the cache, none from S3.
     assert_eq!(read_uncached(&m.p("shard.bin")), data(LEN, 5));
@@ -183,7 +187,10 @@ fn health_endpoint_and_control_socket_live_as_long_as_the_mount() {
     assert_eq!(status, 200);
     assert!(body.contains("lakemount_s3_requests_total"), "{body}");
     // /stats names buckets and paths: the control socket's only.
-    assert_eq!(http_get(&addr, "/stats").0, 404);
+    let (status, body) = http_get(&addr, "/stats");
+    assert_eq!(status, 404);
+    assert!(body.contains("control socket only"), "{body}");
+    assert!(!http_get(&addr, "/nope").1.contains("/stats"));
     assert_eq!(http_get(&addr, "/nope").0, 404);
 
     let socket = lakemount::telemetry::control::socket_path(&m.path());

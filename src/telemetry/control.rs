@@ -52,6 +52,25 @@ pub fn socket_path(mountpoint: &Path) -> PathBuf {
     dir.join(format!("mnt-{hex}.sock"))
 }
 
+/// The mount point holding `p` (`p` itself, or the last ancestor on the same
+/// device), so that a directory inside a mount finds the mount's socket.
+pub fn mount_root(p: &Path) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(mut cur) = std::fs::canonicalize(p) else {
+        return p.to_path_buf();
+    };
+    let Ok(dev) = std::fs::metadata(&cur).map(|m| m.dev()) else {
+        return cur;
+    };
+    while let Some(parent) = cur.parent() {
+        match std::fs::metadata(parent) {
+            Ok(m) if m.dev() == dev => cur = parent.to_path_buf(),
+            _ => break,
+        }
+    }
+    cur
+}
+
 /// `/run` for root, `$XDG_RUNTIME_DIR` or `/tmp/lakemount-<uid>` otherwise.
 fn runtime_dir() -> PathBuf {
     // SAFETY: geteuid has no preconditions.
@@ -403,10 +422,22 @@ fn route<B>(req: &Request<B>, state: &State, local: bool) -> Response<Full<Bytes
         }
         "/healthz" => health(false),
         "/readyz" => health(true),
+        "/stats" => text(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "/stats is served on the control socket only (it names buckets, paths and the \
+             pid): `lakemount stats MOUNTPOINT`\n"
+                .into(),
+        ),
         _ => text(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found; try /metrics, /stats, /healthz, /readyz\n".into(),
+            if local {
+                "not found; try /metrics, /stats, /healthz, /readyz\n"
+            } else {
+                "not found; try /metrics, /healthz, /readyz\n"
+            }
+            .into(),
         ),
     }
 }
