@@ -946,7 +946,7 @@ fn cached_files_keep_reading_after_s3_stops() {
 
 /// The same with a server that takes connections and answers nothing
 /// (frozen, or a load balancer before a dead backend): a cached file
-/// still opens within the wait for a new listing (5 s), not after the
+/// still opens within the wait for a LIST page (5 s), not after the
 /// request deadline, every TTL again; once S3 answers, listings are fresh.
 #[test]
 fn cached_files_keep_reading_while_s3_hangs() {

@@ -42,25 +42,31 @@ pub async fn list_dir<S: ObjectStore>(
     store: &S,
     prefix: &str,
 ) -> Result<Vec<ListedEntry>, StoreError> {
-    Ok(list_dir_upto(store, prefix, usize::MAX)
+    Ok(list_dir_upto(store, prefix, usize::MAX, None)
         .await?
         .expect("no limit"))
 }
 
 /// [`list_dir`], given up (`Ok(None)`) as soon as the listing returned more
-/// than `max_entries` keys and common prefixes.
+/// than `max_entries` keys and common prefixes. `page_wait`: a page with no
+/// answer within it fails the listing (a transient error, as a timeout).
 pub async fn list_dir_upto<S: ObjectStore>(
     store: &S,
     prefix: &str,
     max_entries: usize,
+    page_wait: Option<std::time::Duration>,
 ) -> Result<Option<Vec<ListedEntry>>, StoreError> {
     let mut entries = Vec::new();
     let mut token = None;
     let mut seen = 0usize;
     loop {
-        let page = store
-            .list_page(prefix, Some("/"), token, None, MAX_KEYS_PER_PAGE)
-            .await?;
+        let page = store.list_page(prefix, Some("/"), token, None, MAX_KEYS_PER_PAGE);
+        let page = match page_wait {
+            None => page.await?,
+            Some(d) => tokio::time::timeout(d, page).await.map_err(|_| {
+                StoreError::Transient(format!("LIST of {prefix:?}: no answer within {d:?}"))
+            })??,
+        };
         seen += page.objects.len() + page.common_prefixes.len();
         if seen > max_entries {
             return Ok(None);

@@ -243,7 +243,7 @@ impl<S: ObjectStore> Meta<S> {
         match self.cached_listing(prefix).await? {
             Some(listing) => Ok(listing),
             None => Ok(Arc::new(DirListing::new(
-                timed_list(&*self.store, prefix, usize::MAX)
+                timed_list(&*self.store, prefix, usize::MAX, None)
                     .await?
                     .expect("no limit"),
             ))),
@@ -264,7 +264,7 @@ impl<S: ObjectStore> Meta<S> {
         }
         let limit = self.config.huge_dir_entries();
         if self.config.ttl().is_zero() {
-            let listed = timed_list(&*self.store, prefix, limit).await?;
+            let listed = timed_list(&*self.store, prefix, limit, None).await?;
             return Ok(listed.map(|e| Arc::new(DirListing::new(e))));
         }
         if let Some(hit) = self.listings.get(prefix).await {
@@ -281,48 +281,36 @@ impl<S: ObjectStore> Meta<S> {
         metrics::counter!(m::META_LISTING_CACHE, "result" => "miss").increment(1);
         let store = self.store.clone();
         let key = prefix.to_string();
-        let (listings, last_good) = (self.listings.clone(), self.last_good.clone());
-        let fetch = async move {
-            let r = listings
-                .try_get_with(key.clone(), async {
-                    let started = std::time::Instant::now();
-                    match timed_list(&*store, &key, limit).await {
-                        Ok(Some(e)) => Ok(Arc::new(DirListing {
-                            entries: e,
-                            // When asked: a change after that may be missing.
-                            fetched: started,
-                            served_stale: std::sync::atomic::AtomicBool::new(false),
-                        })),
-                        Ok(None) => Err(None),
-                        Err(e) => Err(Some(e)),
-                    }
-                })
-                .await;
-            if let Ok(l) = &r {
-                // Also when the caller stopped waiting (below).
-                last_good.insert(key, l.clone());
+        // With a last listing that may be served instead, a page with no
+        // answer for STALE_WAIT counts as a failed refresh (served stale
+        // below): a server that takes connections and answers nothing would
+        // otherwise hold every lookup here until the request deadline.
+        // Once one refresh found S3 failing, the next (another directory of
+        // the same path, say) wait less.
+        let outage = self.outage.load(std::sync::atomic::Ordering::Relaxed);
+        let page_wait = self.fallback(prefix).map(|_| {
+            if outage {
+                STALE_WAIT_IN_OUTAGE
+            } else {
+                STALE_WAIT
             }
-            r
-        };
-        let result = match self.fallback(prefix) {
-            None => fetch.await,
-            // A last listing to serve: a refresh that hangs (a server that
-            // takes connections and answers nothing) is not waited for to
-            // its deadline. It goes on, and its listing replaces the one
-            // served meanwhile once it arrives.
-            Some(old) => {
-                let mut task = tokio::spawn(fetch);
-                match tokio::time::timeout(STALE_WAIT, &mut task).await {
-                    Ok(joined) => {
-                        joined.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
-                    }
-                    Err(_) => {
-                        let why = format!("no answer within {STALE_WAIT:?}");
-                        return Ok(Some(self.serve_stale(prefix, old, why).await));
-                    }
+        });
+        let result = self
+            .listings
+            .try_get_with(prefix.to_string(), async move {
+                let started = std::time::Instant::now();
+                match timed_list(&*store, &key, limit, page_wait).await {
+                    Ok(Some(e)) => Ok(Arc::new(DirListing {
+                        entries: e,
+                        // When asked: a change after that may be missing.
+                        fetched: started,
+                        served_stale: std::sync::atomic::AtomicBool::new(false),
+                    })),
+                    Ok(None) => Err(None),
+                    Err(e) => Err(Some(e)),
                 }
-            }
-        };
+            })
+            .await;
         match result {
             Ok(listing) => {
                 if !self.config.stale_if_error().is_zero() {
@@ -539,22 +527,28 @@ impl<S: ObjectStore> Meta<S> {
 /// string; 10,000 of them are a few hundred KB.
 const MAX_HUGE_DIRS: u64 = 10_000;
 
-/// How long a lookup waits for a directory's new listing when its last one
-/// may still be served ([`Meta::fallback`]): past it, the last one is served
-/// while the LIST goes on. A LIST page takes milliseconds on a sound server
-/// (a few seconds for a directory of 100,000 entries); a server that takes
-/// the connection and answers nothing would otherwise hold every lookup in
-/// the directory until `s3.request_deadline_secs`.
+/// How long a refresh of a directory's listing waits for each LIST page
+/// when its last listing may still be served ([`Meta::fallback`]): a page
+/// with no answer by then fails the refresh, and the last listing is served
+/// as while S3 fails. A page of 1,000 keys takes milliseconds to a few
+/// hundred on a sound server; a server that takes the connection and
+/// answers nothing would otherwise hold every lookup in the directory until
+/// `s3.request_deadline_secs`.
 const STALE_WAIT: Duration = Duration::from_secs(5);
+
+/// [`STALE_WAIT`] while stale listings are served already (an outage is
+/// known): each directory of a path would otherwise cost a lookup 5 s.
+const STALE_WAIT_IN_OUTAGE: Duration = Duration::from_secs(1);
 
 /// [`listing::list_dir_upto`] with its latency recorded.
 async fn timed_list<S: ObjectStore>(
     store: &S,
     prefix: &str,
     max_entries: usize,
+    page_wait: Option<Duration>,
 ) -> Result<Option<Vec<ListedEntry>>, StoreError> {
     let start = std::time::Instant::now();
-    let result = listing::list_dir_upto(store, prefix, max_entries).await;
+    let result = listing::list_dir_upto(store, prefix, max_entries, page_wait).await;
     metrics::histogram!(m::META_LISTING_SECONDS).record(start.elapsed().as_secs_f64());
     result
 }
