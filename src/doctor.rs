@@ -142,13 +142,18 @@ impl Measured {
     /// time to its first byte where the daemon records it, so a slow link
     /// (long bodies) is not taken for a slow server.
     fn s3_latency(&self, op: &str) -> Option<f64> {
+        self.s3_mean(op, "first_byte_secs")
+            .or_else(|| self.s3_mean(op, "latency_secs"))
+    }
+
+    /// Mean of `op`'s summary `field` over the walk and the small files.
+    fn s3_mean(&self, op: &str, field: &str) -> Option<f64> {
         let mid = if self.mid.is_null() {
             &self.after
         } else {
             &self.mid
         };
-        Self::mean_between(&self.before, mid, &["s3", op, "first_byte_secs"])
-            .or_else(|| Self::mean_between(&self.before, mid, &["s3", op, "latency_secs"]))
+        Self::mean_between(&self.before, mid, &["s3", op, field])
     }
 
     /// Every finding, the likely bottleneck first, each with its reason.
@@ -160,12 +165,14 @@ impl Measured {
         // a fast median.
         let get_p50 = self.s3_latency("GET");
         let list_p50 = self.s3_latency("LIST");
+        // A device read against a whole GET (not its first byte).
+        let get_whole = self.s3_mean("GET", "latency_secs");
         let dev_p50 = self.mean(&["cache", "device_read_secs"]);
         let disk_bytes = self.delta(&["read", "served_bytes", "disk"]);
         let device_slow = a["cache"]["device_slow"].as_bool().unwrap_or(false);
         if device_slow
             || (disk_bytes > 0.0
-                && dev_p50.is_some_and(|d| d > SLOW_DEVICE_SECS && get_p50.is_none_or(|g| d > g)))
+                && dev_p50.is_some_and(|d| d > SLOW_DEVICE_SECS && get_whole.is_none_or(|g| d > g)))
         {
             out.push((
                 Bottleneck::CacheDevice,
@@ -174,7 +181,7 @@ impl Measured {
                      check the device (a failing SSD slows down before it fails), or move \
                      cache.dir to another one",
                     ms(dev_p50),
-                    ms(get_p50)
+                    ms(get_whole)
                 ),
             ));
         }

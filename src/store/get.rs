@@ -296,7 +296,11 @@ impl DirectGet {
             deadline.into(),
             self.hedged_send(url, &range, etag, urgency),
         );
-        let answer = match sent.await {
+        let sent = sent.await;
+        // Failed answers (throttling, errors) and no answer at all count
+        // too: a server slow to answer anything is slow.
+        m::s3_first_byte(m::OP_GET, t0.elapsed());
+        let answer = match sent {
             Ok(a) => a?,
             Err(_) => {
                 return Err(Failure::fatal(
@@ -308,7 +312,6 @@ impl DirectGet {
                 ));
             }
         };
-        m::s3_first_byte(m::OP_GET, t0.elapsed());
         let target = buf.len() + want;
         let mut answer = answer;
         let read = self

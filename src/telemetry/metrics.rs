@@ -14,7 +14,8 @@ pub const S3_REQUESTS: &str = "lakemount_s3_requests_total";
 /// Histogram: latency of one S3 request including SDK retries, seconds; label `op`.
 pub const S3_REQUEST_SECONDS: &str = "lakemount_s3_request_duration_seconds";
 /// Histogram: time from a GET's attempt to its response headers (the
-/// server's time to first byte, plus the network), seconds; label `op`.
+/// server's time to first byte, plus the network), an error answer's or a
+/// timeout's included, seconds; label `op`.
 pub const S3_FIRST_BYTE_SECONDS: &str = "lakemount_s3_first_byte_seconds";
 /// Counter: S3 request attempts that failed and were tried again, labels
 /// `op` and `cause` (the failed attempt's HTTP status, or `network`,
