@@ -133,6 +133,21 @@ fn mount_at(abs: &Path) -> Option<(String, String)> {
     })
 }
 
+/// The device (`major:minor`, field 3 of `/proc/self/mountinfo`) of the
+/// top mount whose mount point is `abs`; `None` when nothing is mounted
+/// there. A FUSE mount's device is its own: it tells this mount from one
+/// made at the same path since.
+fn mount_dev_at(abs: &Path) -> Option<String> {
+    let want = abs.to_string_lossy();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mounts.lines().rev().find_map(|l| {
+        let mut f = l.split(' ');
+        let dev = f.nth(2)?;
+        (f.nth(1).map(unescape_mountinfo).as_deref() == Some(want.as_ref()))
+            .then(|| dev.to_string())
+    })
+}
+
 /// A mountinfo field with its octal escapes decoded: the kernel writes a
 /// space, tab, newline and backslash as `\040`, `\011`, `\012`, `\134`
 /// (`show_mountinfo`, fs/proc_namespace.c).
@@ -229,7 +244,12 @@ fn mount_and_serve(
         std::process::exit(1);
     }
     let mut unmounter = Some(mounted.unmounter()?);
-    let path = mountpoint.to_path_buf();
+    // As mountinfo shows it (symbolic links resolved; the mount answers).
+    let path = std::fs::canonicalize(mountpoint).unwrap_or(mountpoint.to_path_buf());
+    // Unmounts by path touch only this mount, not one made there since
+    // (after an outside `umount -l`).
+    let ours = mount_dev_at(&path);
+    let still_ours = move |p: &Path| ours.is_some() && mount_dev_at(p) == ours;
     // Once the mount answers: a stop signal that came before waits here.
     mounted.runtime().spawn(async move {
         stop.received.notified().await;
@@ -243,7 +263,8 @@ fn mount_and_serve(
         for attempt in 1..=UNMOUNT_TRIES {
             let tried = match unmounter.take() {
                 Some(mut u) => u.unmount(),
-                None => unmount_path(&path, false),
+                None if still_ours(&path) => unmount_path(&path, false),
+                None => return,
             };
             match tried {
                 Ok(()) => return,
@@ -251,13 +272,19 @@ fn mount_and_serve(
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => break,
-                Err(e) => return warn!("unmount failed: {e}"),
+                Err(e) => {
+                    warn!("unmount failed: {e}");
+                    break;
+                }
             }
         }
-        // Still busy: a process has its working directory or a file open
-        // in the mount. Detached, the path is free at once (a restart can
-        // mount there) and those processes are served until they let go,
-        // when the session ends; a later signal would find nothing to do.
+        if !still_ours(&path) {
+            return;
+        }
+        // Still busy (a process has its working directory or a file open
+        // in the mount), or the unmount failed otherwise. Detached, the
+        // path is free at once (a restart can mount there) and those
+        // processes are served until they let go, when the session ends.
         match unmount_path(&path, true) {
             Ok(()) => warn!(
                 "the mount is busy (a process has its working directory or a file open in \
@@ -862,7 +889,14 @@ async fn probe(store: &S3Store, source: &Source, config: &Config) -> anyhow::Res
 
 #[cfg(test)]
 mod tests {
-    use super::unescape_mountinfo;
+    use super::{mount_dev_at, unescape_mountinfo};
+
+    #[test]
+    fn the_device_of_a_mount_point_is_found_and_of_other_paths_not() {
+        let root = mount_dev_at(std::path::Path::new("/")).expect("/ is mounted");
+        assert!(root.contains(':'), "{root}");
+        assert_eq!(mount_dev_at(std::path::Path::new("/no/such/mount")), None);
+    }
 
     #[test]
     fn mountinfo_escapes_are_decoded() {
