@@ -21,8 +21,16 @@ pub fn run_stats(args: &StatsArgs) -> anyhow::Result<()> {
     let socket = match &args.socket {
         Some(s) => s.clone(),
         None => {
+            // The mount point's own socket first: finding the mount from a
+            // path inside it stats the path, which a wedged daemon would
+            // never answer.
             use crate::telemetry::control::{mount_root, socket_path};
-            socket_path(&mount_root(&args.mountpoint))
+            let direct = socket_path(&args.mountpoint);
+            if direct.exists() {
+                direct
+            } else {
+                socket_path(&mount_root(&args.mountpoint))
+            }
         }
     };
     let mut last: Option<(Instant, Value)> = None;
