@@ -174,12 +174,22 @@ impl S3Store {
         };
         // An endpoint given as plain http needs no CA: a bundle that
         // cannot be loaded is then a warning, not a failed mount.
+        let env_endpoints = !std::env::var("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
+            .is_ok_and(|v| v.eq_ignore_ascii_case("true"));
         let plain_http = config
             .endpoint_url
             .clone()
-            .or_else(|| std::env::var("AWS_ENDPOINT_URL_S3").ok())
-            .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
-            .is_some_and(|u| u.to_ascii_lowercase().starts_with("http://"));
+            .or_else(|| {
+                env_endpoints
+                    .then(|| std::env::var("AWS_ENDPOINT_URL_S3").ok())
+                    .flatten()
+            })
+            .or_else(|| {
+                env_endpoints
+                    .then(|| std::env::var("AWS_ENDPOINT_URL").ok())
+                    .flatten()
+            })
+            .is_some_and(|u| u.trim().to_ascii_lowercase().starts_with("http://"));
         let ctx = match ca_bundle.filter(|p| !p.as_os_str().is_empty()) {
             Some(path) => match tls_context_with_ca(&path, ca_source) {
                 Ok(ctx) => Some(ctx),
