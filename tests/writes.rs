@@ -20,8 +20,13 @@ fn rw(server: &TestServer, bucket: &str, staging: &Path, config: &str) -> Mount 
         .mount()
 }
 
-/// [`rw`] with no config and metrics served at the address returned.
-fn rw_with_metrics(server: &TestServer, bucket: &str, staging: &Path) -> (Mount, String) {
+/// [`rw`] with metrics served at the address returned.
+fn rw_with_metrics(
+    server: &TestServer,
+    bucket: &str,
+    staging: &Path,
+    config: &str,
+) -> (Mount, String) {
     let addr = format!("127.0.0.1:{}", free_port());
     let m = MountSpec::new(bucket)
         .server(server)
@@ -32,6 +37,7 @@ fn rw_with_metrics(server: &TestServer, bucket: &str, staging: &Path) -> (Mount,
             "--metrics-addr",
             &addr,
         ])
+        .config(config)
         .mount();
     (m, addr)
 }
@@ -505,17 +511,7 @@ fn parts_are_sent_while_the_file_is_written() {
 fn writes_send_no_getxattr_each() {
     let b = bucket("w-xattr");
     let staging = TempDir::new("staging");
-    let addr = format!("127.0.0.1:{}", free_port());
-    let m = MountSpec::new(&b)
-        .args(&[
-            "--read-write",
-            "--staging-dir",
-            staging.0.to_str().unwrap(),
-            "--metrics-addr",
-            &addr,
-        ])
-        .config("[write]\npassthrough = false\n")
-        .mount();
+    let (m, addr) = rw_with_metrics(server(), &b, &staging.0, "[write]\npassthrough = false\n");
     let chunk = data(1 << 20, 4);
     let mut f = std::fs::File::create(m.p("x.bin")).unwrap();
     for _ in 0..64 {
@@ -640,7 +636,7 @@ fn renames_past_one_copy_object_copy_part_by_part() {
 fn writers_go_to_staging_by_passthrough() {
     let b = bucket("w-passthrough");
     let staging = TempDir::new("staging");
-    let (m, addr) = rw_with_metrics(server(), &b, &staging.0);
+    let (m, addr) = rw_with_metrics(server(), &b, &staging.0, "");
     let path = m.p("ckpt/rank-0.pt");
     std::fs::create_dir_all(m.p("ckpt")).unwrap();
     let mut want = data(24 << 20, 11);
@@ -957,7 +953,7 @@ fn a_file_reopened_for_writing_right_after_close_is_not_busy() {
     let server = private_server();
     let b = bucket_on(&server, "w-reopen");
     let staging = TempDir::new("staging-reopen");
-    let (m, addr) = rw_with_metrics(&server, &b, &staging.0);
+    let (m, addr) = rw_with_metrics(&server, &b, &staging.0, "");
     std::fs::create_dir(m.p("r")).unwrap();
     let wants: Vec<Vec<u8>> = std::thread::scope(|s| {
         let writers: Vec<_> = (0..4)
@@ -1087,20 +1083,12 @@ fn ftruncate_changes_only_the_open_file() {
             server().put(&b, k, format!("old {k} content").into_bytes());
         }
         let staging = TempDir::new("staging");
-        let addr = format!("127.0.0.1:{}", free_port());
-        let m = MountSpec::new(&b)
-            .server(server())
-            .args(&[
-                "--read-write",
-                "--staging-dir",
-                staging.0.to_str().unwrap(),
-                "--metrics-addr",
-                &addr,
-            ])
-            .config(&format!(
-                "[write]\npassthrough = {passthrough}\nupload_delay_secs = 3600\n"
-            ))
-            .mount();
+        let (m, addr) = rw_with_metrics(
+            server(),
+            &b,
+            &staging.0,
+            &format!("[write]\npassthrough = {passthrough}\nupload_delay_secs = 3600\n"),
+        );
         let open = |k: &str| {
             std::fs::OpenOptions::new()
                 .read(true)
