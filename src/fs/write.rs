@@ -221,9 +221,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// Stat of the file an open handle of `ino` holds after it left its
     /// name ([`Self::orphan_file`]).
     pub(super) fn orphan_stat(&self, ino: u64) -> Option<Stat> {
-        let f = self.orphan_file(ino)?;
-        self.writes.as_ref()?.sync_passthrough(&f);
-        Some(self.staged_stat(ino, &f.attr()))
+        self.open_stat(ino, &*self.orphan_file(ino)?)
     }
 
     /// The staged file of write handle `fh`, when it is one.
@@ -236,9 +234,14 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// Stat of the staged file open as `fh`, when it is one (fstat of a
     /// file unlinked while open still answers).
     pub fn local_stat(&self, ino: u64, fh: u64) -> Option<Stat> {
-        let w = self.writes.as_ref()?;
         let f = self.local_files.lock().unwrap().get(&fh)?.file.clone();
-        w.sync_passthrough(&f);
+        self.open_stat(ino, &f)
+    }
+
+    /// Stat of staged file `f` as inode `ino`, with what its passthrough
+    /// writers did taken in. `None` on read-only mounts.
+    fn open_stat(&self, ino: u64, f: &Staged) -> Option<Stat> {
+        self.writes.as_ref()?.sync_passthrough(f);
         Some(self.staged_stat(ino, &f.attr()))
     }
 
@@ -622,8 +625,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             if let Some(t) = mtime {
                 w.set_mtime(&f, t);
             }
-            w.sync_passthrough(&f);
-            return Ok(self.staged_stat(ino, &f.attr()));
+            return self.open_stat(ino, &f).ok_or(FsError::ReadOnly);
         }
         let attr = self.meta.inodes.get(ino).ok_or(FsError::NotFound)?;
         if let Some(size) = size {
