@@ -116,35 +116,34 @@ fn check_mountpoint(path: &Path) -> anyhow::Result<Option<String>> {
     Ok(detached)
 }
 
-/// The file system type and source of the top mount whose mount point is
-/// `abs` (`/proc/self/mountinfo`, proc(5): field 5 is the mount point, type
-/// and source follow " - "; a later line is mounted over an earlier one),
-/// `None` when nothing is mounted there.
-fn mount_at(abs: &Path) -> Option<(String, String)> {
+/// The top mount whose mount point is `abs` (a later line of
+/// `/proc/self/mountinfo` is mounted over an earlier one).
+struct MountEntry {
+    /// `major:minor`, field 3 (proc(5)). A FUSE mount's device is its own:
+    /// it tells this mount from one made at the same path since.
+    dev: String,
+    /// The file system type, after " - ".
+    fstype: String,
+    /// The mount source, after the type.
+    source: String,
+}
+
+/// The top mount at `abs`, `None` when nothing is mounted there.
+fn mount_at(abs: &Path) -> Option<MountEntry> {
     let want = abs.to_string_lossy();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     mounts.lines().rev().find_map(|l| {
-        (l.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(want.as_ref()))
-            .then(|| {
-                let mut tail = l.split(" - ").nth(1)?.split(' ');
-                Some((tail.next()?.to_string(), tail.next()?.to_string()))
-            })
-            .flatten()
-    })
-}
-
-/// The device (`major:minor`, field 3 of `/proc/self/mountinfo`) of the
-/// top mount whose mount point is `abs`; `None` when nothing is mounted
-/// there. A FUSE mount's device is its own: it tells this mount from one
-/// made at the same path since.
-fn mount_dev_at(abs: &Path) -> Option<String> {
-    let want = abs.to_string_lossy();
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mounts.lines().rev().find_map(|l| {
         let mut f = l.split(' ');
         let dev = f.nth(2)?;
-        (f.nth(1).map(unescape_mountinfo).as_deref() == Some(want.as_ref()))
-            .then(|| dev.to_string())
+        if f.nth(1).map(unescape_mountinfo).as_deref() != Some(want.as_ref()) {
+            return None;
+        }
+        let mut tail = l.split(" - ").nth(1)?.split(' ');
+        Some(MountEntry {
+            dev: dev.to_string(),
+            fstype: tail.next()?.to_string(),
+            source: tail.next()?.to_string(),
+        })
     })
 }
 
@@ -196,8 +195,8 @@ fn detach_dead_fuse_mount(path: &Path, err: &std::io::Error) -> anyhow::Result<S
     // Only a lakemount (a FUSE type whose source is lakemount's FSName,
     // "lakemount:..."): another FUSE file system, mergerfs over a dead
     // branch say, can pass ENOTCONN on while it lives.
-    let Some((fstype, _)) = mount_at(&abs).filter(|(t, src)| {
-        (t == "fuse" || t.starts_with("fuse.")) && src.starts_with("lakemount:")
+    let Some(MountEntry { fstype, .. }) = mount_at(&abs).filter(|m| {
+        (m.fstype == "fuse" || m.fstype.starts_with("fuse.")) && m.source.starts_with("lakemount:")
     }) else {
         bail!(
             "mount point {}: {err}; if a FUSE daemon died there, unmount it first \
@@ -248,8 +247,8 @@ fn mount_and_serve(
     let path = std::fs::canonicalize(mountpoint).unwrap_or(mountpoint.to_path_buf());
     // Unmounts by path touch only this mount, not one made there since
     // (after an outside `umount -l`).
-    let ours = mount_dev_at(&path);
-    let still_ours = move |p: &Path| ours.is_some() && mount_dev_at(p) == ours;
+    let ours = mount_at(&path).map(|m| m.dev);
+    let still_ours = move |p: &Path| ours.is_some() && mount_at(p).map(|m| m.dev) == ours;
     // Once the mount answers: a stop signal that came before waits here.
     mounted.runtime().spawn(async move {
         stop.received.notified().await;
@@ -889,13 +888,13 @@ async fn probe(store: &S3Store, source: &Source, config: &Config) -> anyhow::Res
 
 #[cfg(test)]
 mod tests {
-    use super::{mount_dev_at, unescape_mountinfo};
+    use super::{mount_at, unescape_mountinfo};
 
     #[test]
     fn the_device_of_a_mount_point_is_found_and_of_other_paths_not() {
-        let root = mount_dev_at(std::path::Path::new("/")).expect("/ is mounted");
-        assert!(root.contains(':'), "{root}");
-        assert_eq!(mount_dev_at(std::path::Path::new("/no/such/mount")), None);
+        let root = mount_at(std::path::Path::new("/")).expect("/ is mounted");
+        assert!(root.dev.contains(':'), "{}", root.dev);
+        assert!(mount_at(std::path::Path::new("/no/such/mount")).is_none());
     }
 
     #[test]
