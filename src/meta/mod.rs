@@ -362,18 +362,13 @@ impl<S: ObjectStore> Meta<S> {
     }
 
     /// The last good listing of `prefix` ([`Self::fallback`]) when listing
-    /// it failed with a server or network fault (`err`).
+    /// it failed with a server or network fault (`err`), served for the
+    /// next TTL; warns once per outage.
     async fn stale_listing(&self, prefix: &str, err: &StoreError) -> Option<Listing> {
         if !matches!(err, StoreError::Transient(_) | StoreError::Throttled(_)) {
             return None;
         }
         let old = self.fallback(prefix)?;
-        Some(self.serve_stale(prefix, old, err.to_string()).await)
-    }
-
-    /// Serves `old`, the last good listing of `prefix`, for the next TTL in
-    /// place of the one S3 did not give (`why`); warns once per outage.
-    async fn serve_stale(&self, prefix: &str, old: Listing, why: String) -> Listing {
         old.served_stale
             .store(true, std::sync::atomic::Ordering::Relaxed);
         // Served for the next TTL without asking again: one failing refresh
@@ -383,13 +378,13 @@ impl<S: ObjectStore> Meta<S> {
         if !self.outage.swap(true, std::sync::atomic::Ordering::Relaxed) {
             warn!(
                 prefix = %prefix.escape_debug(),
-                error = %why,
+                error = %err,
                 stale_if_error_secs = self.config.stale_if_error_secs,
                 "listing failed: serving the last listings past their TTL until S3 answers \
                  (cached files keep reading; others fail with EIO)"
             );
         }
-        old
+        Some(old)
     }
 
     /// Drops the cached listing of `prefix` and the negative entry of
