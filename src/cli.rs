@@ -186,8 +186,9 @@ pub struct MountArgs {
     /// Log filter (error, warn, info, debug, trace); RUST_LOG wins [telemetry.log_level].
     #[arg(long, env = "LAKEMOUNT_LOG_LEVEL", value_name = "LEVEL")]
     pub log_level: Option<String>,
-    /// Serve Prometheus metrics at http://ADDR/metrics [telemetry.metrics_addr].
-    #[arg(long, env = "LAKEMOUNT_METRICS_ADDR", value_name = "ADDR")]
+    /// Serve Prometheus metrics at http://ADDR/metrics: IP:PORT, HOST:PORT,
+    /// or :PORT for every interface [telemetry.metrics_addr].
+    #[arg(long, env = "LAKEMOUNT_METRICS_ADDR", value_name = "ADDR", value_parser = crate::config::listen_addr::parse)]
     pub metrics_addr: Option<SocketAddr>,
 
     /// Detach into the background once mounted; the command exits 0 when the

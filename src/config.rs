@@ -22,6 +22,9 @@ pub struct TelemetryConfig {
     /// directive list (`lakemount=debug,fuser=warn`). `RUST_LOG` wins when set.
     pub log_level: String,
     /// Serve Prometheus metrics at `http://ADDR/metrics`. `None`: not served.
+    /// Written as [`listen_addr::parse`] reads it (`127.0.0.1:9464`,
+    /// `localhost:9464`, `:9464`).
+    #[serde(deserialize_with = "listen_addr::option::deserialize")]
     pub metrics_addr: Option<SocketAddr>,
 }
 
@@ -447,9 +450,103 @@ pub mod byte_size {
     }
 }
 
+/// Listen addresses (`telemetry.metrics_addr`, `--metrics-addr`).
+pub mod listen_addr {
+    use std::net::{SocketAddr, ToSocketAddrs};
+
+    use serde::{Deserialize, Deserializer};
+
+    /// Reads `IP:PORT` (`127.0.0.1:9464`, `[::1]:9464`), `HOST:PORT`
+    /// (`localhost:9464`: resolved now, an IPv4 address preferred, the one a
+    /// scraper given `localhost` or `127.0.0.1` reaches) or `:PORT` (every
+    /// interface, as Prometheus exporters read it).
+    /// Errors: a message naming the accepted forms.
+    pub fn parse(s: &str) -> Result<SocketAddr, String> {
+        let accepted =
+            "accepted: IP:PORT, HOST:PORT or :PORT (every interface), e.g. 127.0.0.1:9464";
+        let s = s.trim();
+        if let Ok(a) = s.parse() {
+            return Ok(a);
+        }
+        if let Some(port) = s.strip_prefix(':') {
+            let port: u16 = port
+                .parse()
+                .map_err(|_| format!("{s:?}: bad port; {accepted}"))?;
+            return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+        }
+        let Some((host, port)) = s
+            .rsplit_once(':')
+            .filter(|(h, _)| !h.is_empty() && !h.contains('/'))
+        else {
+            return Err(format!("{s:?}; {accepted}"));
+        };
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("{s:?}: bad port; {accepted}"))?;
+        let addrs: Vec<SocketAddr> = (host, port)
+            .to_socket_addrs()
+            .map_err(|e| format!("{s:?}: {host} does not resolve ({e}); {accepted}"))?
+            .collect();
+        addrs
+            .iter()
+            .find(|a| a.is_ipv4())
+            .or(addrs.first())
+            .copied()
+            .ok_or_else(|| format!("{s:?}: {host} resolves to no address; {accepted}"))
+    }
+
+    /// An optional listen address (the key may be left out).
+    pub mod option {
+        use super::*;
+
+        /// A listen address, present. Errors: as [`super::parse`].
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<SocketAddr>, D::Error> {
+            super::parse(&String::deserialize(d)?)
+                .map(Some)
+                .map_err(serde::de::Error::custom)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listen_addresses_take_the_forms_exporters_use() {
+        let parse = listen_addr::parse;
+        assert_eq!(
+            parse("127.0.0.1:9464").unwrap(),
+            "127.0.0.1:9464".parse().unwrap()
+        );
+        assert_eq!(parse("[::1]:9464").unwrap(), "[::1]:9464".parse().unwrap());
+        assert_eq!(parse(":9464").unwrap(), "0.0.0.0:9464".parse().unwrap());
+        assert_eq!(
+            parse("localhost:9464").unwrap(),
+            "127.0.0.1:9464".parse().unwrap()
+        );
+        for bad in [
+            "9464",
+            "localhost",
+            ":x",
+            "http://127.0.0.1:9464",
+            "127.0.0.1:99999",
+            "",
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(e.contains("accepted: IP:PORT"), "{bad}: {e}");
+        }
+        let e =
+            Config::from_toml("[telemetry]\nmetrics_addr = \"localhost\"\n", "x.toml").unwrap_err();
+        assert!(format!("{e:#}").contains("metrics_addr"), "{e:#}");
+        let c = Config::from_toml("[telemetry]\nmetrics_addr = \":9464\"\n", "x.toml").unwrap();
+        assert_eq!(
+            c.telemetry.metrics_addr,
+            Some("0.0.0.0:9464".parse().unwrap())
+        );
+    }
 
     #[test]
     fn shipped_example_parses_to_the_defaults() {

@@ -358,10 +358,11 @@ fn daemon_returns_once_mounted_and_umount_stops_it() {
 fn metrics_endpoint_counts_s3_requests() {
     let b = bucket("metrics");
     server().put(&b, "a.bin", data(10_000, 3));
-    let addr = format!("127.0.0.1:{}", free_port());
-    let m = Mount::new(&b, &["--metrics-addr", &addr]);
+    // A host name, as an admin writes it; served on its IPv4 address.
+    let port = free_port();
+    let m = Mount::new(&b, &["--metrics-addr", &format!("localhost:{port}")]);
     assert_eq!(std::fs::read(m.p("a.bin")).unwrap(), data(10_000, 3));
-    let body = scrape(&addr);
+    let body = scrape(&format!("127.0.0.1:{port}"));
     for want in [
         "lakemount_s3_requests_total{op=\"LIST\",status=\"200\"}",
         "lakemount_s3_requests_total{op=\"GET\",status=\"206\"}",
