@@ -237,6 +237,114 @@ fn fsync_reports_a_rejected_upload_and_keeps_the_file() {
     assert_eq!(server.get(&b, "ckpt.bin").unwrap(), want);
 }
 
+/// S3 ops a writable mount sends: all failed with 500 by [`fail_s3`].
+const S3_OPS: [&str; 9] = [
+    "ListObjectsV2",
+    "HeadObject",
+    "GetObject",
+    "PutObject",
+    "CreateMultipartUpload",
+    "UploadPart",
+    "CompleteMultipartUpload",
+    "CopyObject",
+    "DeleteObject",
+];
+
+/// Makes every S3 request of [`S3_OPS`] fail with 500 (on), or none (off).
+fn fail_s3(server: &TestServer, on: bool) {
+    for op in S3_OPS {
+        server.fail_next(op, 500, if on { 1_000_000 } else { 0 });
+    }
+}
+
+/// While S3 cannot be reached, checkpoints are still written: a new name
+/// (in a listed directory past its TTL, in a directory made on this mount
+/// and never listed, in a directory made meanwhile), written whole
+/// (O_TRUNC) or under a temporary name renamed into place (also with
+/// RENAME_NOREPLACE, as `mv` asks), is staged and uploaded once S3 is
+/// back. An append to a name S3 cannot be asked about would lose the
+/// object's bytes: EIO.
+#[test]
+fn checkpoints_are_written_while_s3_cannot_be_reached() {
+    let server = private_server();
+    let b = bucket_on(&server, "w-outage");
+    let staging = TempDir::new("staging");
+    let m = rw(
+        &server,
+        &b,
+        &staging.0,
+        "[metadata]\nttl_secs = 1\n[write]\nretry_secs = 3600\n",
+    );
+    std::fs::write(m.p("before.pt"), b"before").unwrap();
+    // In S3 before the outage (its upload would otherwise wait for
+    // retry_secs).
+    std::fs::File::open(m.p("before.pt")).unwrap().sync_all().unwrap();
+    std::fs::create_dir(m.p("local")).unwrap();
+    assert_eq!(names(&m.path()), vec!["before.pt", "local"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    fail_s3(&server, true);
+    let want = [
+        ("new.pt", data(70_000, 1)),
+        ("local/x.pt", data(1_000, 2)),
+        ("made/y.pt", data(2_000, 3)),
+        ("final.pt", data(3_000, 4)),
+        ("noreplace.pt", data(4_000, 5)),
+    ];
+    std::fs::write(m.p("new.pt"), &want[0].1).unwrap();
+    std::fs::write(m.p("local/x.pt"), &want[1].1).unwrap();
+    std::fs::create_dir(m.p("made")).unwrap();
+    std::fs::write(m.p("made/y.pt"), &want[2].1).unwrap();
+    std::fs::write(m.p("final.pt.tmp"), &want[3].1).unwrap();
+    std::fs::rename(m.p("final.pt.tmp"), m.p("final.pt")).unwrap();
+    std::fs::write(m.p("noreplace.tmp"), &want[4].1).unwrap();
+    let c = |p: &str| std::ffi::CString::new(m.p(p).to_str().unwrap()).unwrap();
+    let (from, to) = (c("noreplace.tmp"), c("noreplace.pt"));
+    // SAFETY: two valid C strings; renameat2 reads them only.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    let append = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(m.p("log.txt"));
+    assert_errno(
+        append,
+        libc::EIO,
+        "append to a name S3 cannot be asked about",
+    );
+    for (k, d) in &want {
+        assert_eq!(std::fs::read(m.p(k)).unwrap(), *d, "{k} read back");
+    }
+    assert!(server.get(&b, "new.pt").is_none());
+    fail_s3(&server, false);
+    for (k, _) in &want {
+        std::fs::File::open(m.p(k)).unwrap().sync_all().unwrap();
+    }
+    for (k, d) in &want {
+        assert_eq!(server.get(&b, k).as_deref(), Some(&d[..]), "{k} in S3");
+    }
+    let mut keys = server.keys(&b);
+    keys.sort();
+    assert_eq!(
+        keys,
+        vec![
+            "before.pt",
+            "final.pt",
+            "local/x.pt",
+            "made/y.pt",
+            "new.pt",
+            "noreplace.pt"
+        ]
+    );
+}
+
 /// A daemon killed (SIGKILL) while a multipart upload is in flight: the
 /// next start aborts that upload and uploads the staged file again.
 #[test]

@@ -55,6 +55,13 @@ pub enum FsError {
     /// An upload failed after its retries (EIO); the file stays staged.
     #[error("upload failed: {0}")]
     Upload(String),
+    /// A name that no listing S3 gave last holds, looked up or made on a
+    /// writable mount while S3 cannot be asked (a server or network fault):
+    /// ENOENT, never remembered as a negative entry, so that a checkpoint
+    /// can be created meanwhile (docs/WRITES.md, "While S3 is unreachable");
+    /// an operation that would need S3 to tell more about it fails with it.
+    #[error("not in the last listing, and S3 cannot be asked now: {0}")]
+    Unlisted(String),
     /// No such extended attribute.
     #[error("no such attribute")]
     NoAttr,
@@ -68,7 +75,7 @@ impl FsError {
     /// is never EIO.
     pub fn errno(&self) -> i32 {
         match self {
-            FsError::NotFound => libc::ENOENT,
+            FsError::NotFound | FsError::Unlisted(_) => libc::ENOENT,
             FsError::NotDir => libc::ENOTDIR,
             FsError::IsDir => libc::EISDIR,
             FsError::NameTooLong => libc::ENAMETOOLONG,
@@ -103,7 +110,11 @@ impl FsError {
     pub fn is_expected(&self) -> bool {
         !matches!(
             self,
-            FsError::Store(_) | FsError::Stale | FsError::Local(..) | FsError::Upload(_)
+            FsError::Store(_)
+                | FsError::Stale
+                | FsError::Local(..)
+                | FsError::Upload(_)
+                | FsError::Unlisted(_)
         )
     }
 }

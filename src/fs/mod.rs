@@ -21,7 +21,7 @@ use crate::meta::names::{BadName, check_name};
 use crate::meta::{Attr, CachedPages, DirListing, EntryKind, Meta, MetaConfig, ROOT_INO};
 use crate::read::small::{Sign, SmallPrefetch, Taken};
 use crate::read::{MemoryBudget, ReadConfig, Reader};
-use crate::store::{ObjectStore, WriteStore};
+use crate::store::{ObjectStore, StoreError, WriteStore};
 use crate::write::Writes;
 
 /// Ownership, permissions and FUSE session settings (`[mount]` in the config file).
@@ -208,7 +208,17 @@ pub struct Fs<S> {
     local_files: Mutex<HashMap<u64, write::LocalHandle>>,
     dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
     next_fh: AtomicU64,
+    /// Directories (key prefixes) whose lookup just found S3 unreachable
+    /// on a writable mount ([`FsError::Unlisted`]), for
+    /// [`UNLISTED_MEMO`]: the create, mkdir or rename that follows does
+    /// not wait out the store's retries a second time.
+    unlisted: moka::sync::Cache<String, ()>,
 }
+
+/// How long [`Fs::lookup`]'s finding that S3 cannot be asked about a
+/// directory holds for the operation that makes a name in it: the kernel
+/// sends that right after the lookup.
+const UNLISTED_MEMO: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Extended attribute: bytes of this file's current version held by the data
 /// cache (memory or disk), decimal. `lakemount warm` reads it.
@@ -257,6 +267,10 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             local_files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            unlisted: moka::sync::Cache::builder()
+                .max_capacity(1024)
+                .time_to_live(UNLISTED_MEMO)
+                .build(),
         }
     }
 
@@ -334,8 +348,9 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     }
 
     /// Looks up `name` in directory `parent`; the kernel then holds one more
-    /// lookup of the returned inode. Errors: ENOENT, ENOTDIR, ENAMETOOLONG
-    /// (name over 255 bytes), EIO/EACCES from the store.
+    /// lookup of the returned inode. Errors: ENOENT (also a name S3 cannot
+    /// be asked about on a writable mount: [`FsError::Unlisted`]), ENOTDIR,
+    /// ENAMETOOLONG (name over 255 bytes), EIO/EACCES from the store.
     pub async fn lookup(&self, parent: u64, name: &OsStr) -> Result<Stat, FsError> {
         let dir = self.dir_attr(parent)?;
         let name = std::str::from_utf8(name.as_bytes()).map_err(|_| FsError::NotFound)?;
@@ -347,11 +362,14 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         if let Some(local) = self.lookup_local(parent, &dir, name) {
             return local;
         }
-        let entry = self
-            .meta
-            .find(&dir.key, name)
-            .await?
-            .ok_or(FsError::NotFound)?;
+        let entry = match self.meta.find(&dir.key, name).await {
+            // So that it can be created meanwhile (FsError::Unlisted).
+            Err(StoreError::Transient(why)) if self.writable() => {
+                self.unlisted.insert(dir.key.clone(), ());
+                return Err(FsError::Unlisted(why));
+            }
+            found => found?.ok_or(FsError::NotFound)?,
+        };
         Ok(self.stat(&self.meta.inodes.upsert(
             parent,
             &dir.key,

@@ -290,18 +290,45 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     /// What `name` in directory `dir` is now: staged, an object, a
     /// directory, or nothing.
     async fn resolve(&self, dir: &Attr, name: &str) -> Result<Found, FsError> {
-        let key = format!("{}{name}", dir.key);
-        match self.writes()?.find(&key) {
-            Some(Local::File(_)) => return Ok(Found::Staged),
-            Some(Local::Dir) => return Ok(Found::Dir),
-            Some(Local::Hidden) => return Ok(Found::Missing),
-            None => {}
+        if let Some(local) = self.resolve_local(dir, name)? {
+            return Ok(local);
         }
         Ok(match self.meta.find(&dir.key, name).await? {
             Some(e) if e.kind == EntryKind::Dir => Found::Dir,
             Some(e) => Found::Object(e),
             None => Found::Missing,
         })
+    }
+
+    /// What the overlay says `name` in `dir` is, if it knows: staged, a
+    /// local directory, or removed here.
+    fn resolve_local(&self, dir: &Attr, name: &str) -> Result<Option<Found>, FsError> {
+        Ok(match self.writes()?.find(&format!("{}{name}", dir.key)) {
+            Some(Local::File(_)) => Some(Found::Staged),
+            Some(Local::Dir) => Some(Found::Dir),
+            Some(Local::Hidden) => Some(Found::Missing),
+            None => None,
+        })
+    }
+
+    /// [`Self::resolve`] for a name about to be made (create, mkdir, a
+    /// rename's target): `None` when S3 cannot be asked now (a server or
+    /// network fault, after the retries) and no listing it gave last holds
+    /// the name, so that a checkpoint need not wait for S3 to come back
+    /// (docs/WRITES.md, "While S3 is unreachable").
+    async fn resolve_new(&self, dir: &Attr, name: &str) -> Result<Option<Found>, FsError> {
+        if self.unlisted.contains_key(&dir.key) {
+            return self.resolve_local(dir, name);
+        }
+        match self.resolve(dir, name).await {
+            Err(FsError::Store(StoreError::Transient(why))) => {
+                self.unlisted.insert(dir.key.clone(), ());
+                tracing::debug!(key = %format!("{}{name}", dir.key).escape_debug(), %why,
+                    "made without asking S3, which cannot be asked now");
+                Ok(None)
+            }
+            r => r.map(Some),
+        }
     }
 
     fn new_local_handle(&self, ino: u64, file: Arc<Staged>, write: bool) -> u64 {
@@ -371,7 +398,21 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         let w = self.writes()?.clone();
         let dir = self.dir_attr(parent)?;
         let name = new_name(name)?;
-        let found = self.resolve(&dir, name).await?;
+        let Some(found) = self.resolve_new(&dir, name).await? else {
+            // Unknown to this mount and S3 cannot say: an open that replaces
+            // whatever is there (O_TRUNC) or says the name is new (O_EXCL)
+            // is staged as the key's next version; any other would keep the
+            // bytes of an object it cannot see, so it waits for S3.
+            if flags & (libc::O_TRUNC | libc::O_EXCL) == 0 {
+                return Err(FsError::Store(StoreError::Transient(
+                    "S3 cannot be asked now, and an open that keeps a file's bytes needs it".into(),
+                )));
+            }
+            let f = w.create(&format!("{}{name}", dir.key), true)?;
+            let stat = self.upsert_staged(parent, &dir.key, name, &f, true);
+            let fh = self.new_local_handle(stat.ino, f.clone(), true);
+            return Ok((stat, self.local_opened(fh, &f, true, passthrough)));
+        };
         if flags & libc::O_EXCL != 0 && !matches!(found, Found::Missing) {
             return Err(FsError::Exists);
         }
@@ -676,7 +717,12 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         let w = self.writes()?.clone();
         let dir = self.dir_attr(parent)?;
         let name = new_name(name)?;
-        if !matches!(self.resolve(&dir, name).await?, Found::Missing) {
+        // Unknown while S3 cannot be asked: made here, a directory in S3 of
+        // the same name is the same directory.
+        if !matches!(
+            self.resolve_new(&dir, name).await?,
+            None | Some(Found::Missing)
+        ) {
             return Err(FsError::Exists);
         }
         w.mkdir(&format!("{}{name}/", dir.key));
@@ -775,7 +821,20 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             return Ok(());
         }
         let src = self.resolve(&dir, name).await?;
-        let dst = self.resolve(&new_dir, to_name).await?;
+        // A name S3 cannot be asked about now takes a staged file (a
+        // checkpoint written under a temporary name): it moves in staging,
+        // and its upload replaces whatever may be there (with
+        // RENAME_NOREPLACE too, as `mv` asks: the name is in no listing).
+        let (dst, dst_unknown) = match self.resolve_new(&new_dir, to_name).await? {
+            Some(dst) => (dst, false),
+            None if matches!(src, Found::Staged) => (Found::Missing, true),
+            None => {
+                return Err(FsError::Store(StoreError::Transient(
+                    "S3 cannot be asked now about the target; only a staged file moves there"
+                        .into(),
+                )));
+            }
+        };
         if flags & RENAME_NOREPLACE != 0 && !matches!(dst, Found::Missing) {
             return Err(FsError::Exists);
         }
@@ -800,7 +859,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
                 "a directory cannot move into itself".into(),
             ));
         }
-        let to_in_s3 = matches!(dst, Found::Object(_));
+        let to_in_s3 = dst_unknown || matches!(dst, Found::Object(_));
         let src = match src {
             Found::Staged if !w.rename(&from, &to, to_in_s3)? => {
                 // Handed over to S3 between the lookup and now: an object.
