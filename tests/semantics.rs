@@ -760,3 +760,35 @@ fn metadata_ttl_zero_shows_changes_at_once() {
     assert_eq!(std::fs::read(m.p("z/old")).unwrap(), b"old, now longer");
     assert_eq!(names(&m.p("z")), ["new", "old"]);
 }
+
+/// An object replaced or deleted in S3 within the metadata TTL: the read
+/// that finds it (a GET pinned to the listed ETag, 412 or 404) fails ESTALE
+/// once, and the next open reads the new version, or is ENOENT, without
+/// waiting for the TTL (a DataLoader worker would otherwise fail on that
+/// file until then).
+#[test]
+fn a_read_that_finds_the_object_changed_lets_the_next_open_see_the_change() {
+    let b = bucket("changed");
+    let s = server();
+    s.put(&b, "c/replaced", data(300_000, 1));
+    s.put(&b, "c/deleted", data(300_000, 2));
+    let m = Mount::new(&b, &["--metadata-ttl", "3600"]);
+    assert_eq!(std::fs::metadata(m.p("c/replaced")).unwrap().len(), 300_000);
+    assert_eq!(std::fs::metadata(m.p("c/deleted")).unwrap().len(), 300_000);
+    s.put(&b, "c/replaced", data(200_000, 3));
+    s.delete(&b, "c/deleted");
+    // The first reads may fail ESTALE (the kernel's entries name the old
+    // version); a few later opens see the change, long before the TTL.
+    let read_new = wait_for(Duration::from_secs(10), || {
+        std::fs::read(m.p("c/replaced")).is_ok_and(|d| d == data(200_000, 3))
+    });
+    assert!(
+        read_new.is_some(),
+        "still not the new version:\n{}",
+        m.log()
+    );
+    let gone = wait_for(Duration::from_secs(10), || {
+        std::fs::read(m.p("c/deleted")).is_err_and(|e| e.raw_os_error() == Some(libc::ENOENT))
+    });
+    assert!(gone.is_some(), "still not ENOENT:\n{}", m.log());
+}

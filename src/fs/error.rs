@@ -105,6 +105,15 @@ impl FsError {
         }
     }
 
+    /// Whether a read found its object changed or gone in S3 since it was
+    /// listed (a GET pinned to the listed ETag answered 412 or 404).
+    pub fn is_changed_object(&self) -> bool {
+        matches!(
+            self,
+            FsError::Stale | FsError::Store(StoreError::PreconditionFailed)
+        )
+    }
+
     /// Whether this is an expected answer (ENOENT, EISDIR, ...) rather than a
     /// fault worth a warning in the log.
     pub fn is_expected(&self) -> bool {

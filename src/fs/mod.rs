@@ -819,6 +819,28 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         Ok(pending)
     }
 
+    /// The object of `ino` changed or vanished in S3 since its listing (a
+    /// read's GET, pinned to the listed ETag, got 412 or 404): the inode is
+    /// superseded, so its next open is ESTALE and the kernel looks the name
+    /// up again, and its directory's listing is dropped, so that lookup
+    /// lists afresh and finds the new version or none. Without it every
+    /// open failed ESTALE until the metadata TTL. Call within a tokio
+    /// runtime.
+    pub fn object_changed(&self, ino: u64) {
+        let Some(attr) = self.meta.inodes.get(ino) else {
+            return;
+        };
+        if !self.meta.inodes.supersede(ino) {
+            return;
+        }
+        tracing::debug!(key = %attr.key.escape_debug(), "changed in S3 since listed: listing again");
+        let meta = self.meta.clone();
+        tokio::spawn(async move {
+            let name = &attr.key[attr.parent_prefix.len()..];
+            meta.invalidate(&attr.parent_prefix, name).await;
+        });
+    }
+
     /// Closes a file handle. Calls `before_disk` before it writes to the
     /// local disk (the staging record of a written file, synced).
     pub fn release(&self, fh: u64, before_disk: impl FnOnce()) {

@@ -238,11 +238,13 @@ fn stage_gate<S: ObjectStore + WriteStore>(
 }
 
 impl<S: ObjectStore + WriteStore> FuseFs<S> {
-    /// Answers a started read: on this session thread when its bytes are
-    /// ready, else from a runtime task once they are. `done` sees the
-    /// outcome before the reply goes out.
+    /// Answers a started read of `ino`: on this session thread when its
+    /// bytes are ready, else from a runtime task once they are. `done` sees
+    /// the outcome before the reply goes out. A read that finds the object
+    /// changed or gone in S3 tells the file system ([`Fs::object_changed`]).
     fn answer_read(
         &self,
+        ino: u64,
         pending: crate::read::PendingRead,
         turn: &Turn<'_>,
         reply: ReplyData,
@@ -254,12 +256,18 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
             if r.as_ref().is_ok_and(|b| b.len() >= LARGE_REPLY) {
                 turn.may_block();
             }
+            if r.as_ref().is_err_and(FsError::is_changed_object) {
+                self.fs.object_changed(ino);
+            }
             done(&self.fs, &r);
             return read_reply(reply, r);
         }
         let fs = self.fs.clone();
         self.rt.spawn(async move {
             let r = crate::fs::read_result(pending.finish().await);
+            if r.as_ref().is_err_and(FsError::is_changed_object) {
+                fs.object_changed(ino);
+            }
             done(&fs, &r);
             read_reply(reply, r)
         });
@@ -601,7 +609,7 @@ impl<S: ObjectStore + WriteStore> fuser::Filesystem for FuseFs<S> {
             return read_reply(reply, r);
         }
         match self.fs.begin_read(fh.0, offset, size) {
-            Ok(pending) => self.answer_read(pending, &turn, reply, |_, _| ()),
+            Ok(pending) => self.answer_read(ino.0, pending, &turn, reply, |_, _| ()),
             Err(e) => reply.error(errno("read", &e)),
         }
     }

@@ -197,7 +197,7 @@ impl<S: ObjectStore + WriteStore> FuseFs<S> {
                     let done = move |fs: &Fs<S>, r: &Result<bytes::Bytes, FsError>| {
                         release_at_end(fs, &handles, ino, h, offset, r)
                     };
-                    return self.answer_read(pending, turn, reply, done);
+                    return self.answer_read(ino, pending, turn, reply, done);
                 }
                 Err(FsError::BadHandle) => continue,
                 Err(e) => return reply.error(errno("read", &e)),

@@ -218,6 +218,16 @@ impl InodeTable {
         t.inodes.get(&ino).is_some_and(|i| i.superseded)
     }
 
+    /// Marks `ino` superseded (its object changed or vanished in S3):
+    /// the next lookup of its name gets a new inode. Returns whether it was
+    /// not already.
+    pub fn supersede(&self, ino: u64) -> bool {
+        let mut t = self.table.lock().unwrap();
+        t.inodes
+            .get_mut(&ino)
+            .is_some_and(|i| !std::mem::replace(&mut i.superseded, true))
+    }
+
     /// The inode of file `key` (walked from the root, under one lock) when
     /// the table holds it, and every directory on the way, at `etag` and
     /// `size` bytes.
