@@ -345,6 +345,46 @@ fn checkpoints_are_written_while_s3_cannot_be_reached() {
     );
 }
 
+/// A name whose key S3 would refuse (over 1,024 bytes) is ENAMETOOLONG when
+/// it is made (create, mkdir, rename, and the rename of a directory that
+/// would lengthen a key under it past the limit), never a file staged that
+/// no upload can take; a key of exactly 1,024 bytes is uploaded.
+#[test]
+fn keys_longer_than_s3_takes_are_refused_when_made() {
+    let server = private_server();
+    let b = bucket_on(&server, "w-longkey");
+    let staging = TempDir::new("staging");
+    let m = rw(&server, &b, &staging.0, "");
+    let c = "d".repeat(250);
+    let dir = format!("{c}/{c}/{c}/{c}");
+    std::fs::create_dir_all(m.p(&dir)).unwrap();
+    // 4 x 251 bytes of directories, then 20: 1,024 bytes.
+    let fits = format!("{dir}/{}", "x".repeat(20));
+    std::fs::write(m.p(&fits), b"fits").unwrap();
+    let long = format!("{dir}/{}", "x".repeat(21));
+    assert_errno(
+        std::fs::write(m.p(&long), b"no"),
+        libc::ENAMETOOLONG,
+        "create",
+    );
+    assert_errno(std::fs::create_dir(m.p(&long)), libc::ENAMETOOLONG, "mkdir");
+    assert_errno(
+        std::fs::rename(m.p(&fits), m.p(&long)),
+        libc::ENAMETOOLONG,
+        "rename",
+    );
+    let last = format!("{c}/{c}/{c}/{c}");
+    let longer = format!("{c}/{c}/{c}/{c}e");
+    assert_errno(
+        std::fs::rename(m.p(&last), m.p(&longer)),
+        libc::ENAMETOOLONG,
+        "rename of a directory",
+    );
+    std::fs::File::open(m.p(&fits)).unwrap().sync_all().unwrap();
+    assert_eq!(server.get(&b, &fits).as_deref(), Some(&b"fits"[..]));
+    assert_eq!(server.keys(&b), vec![fits]);
+}
+
 /// A daemon killed (SIGKILL) while a multipart upload is in flight: the
 /// next start aborts that upload and uploads the staged file again.
 #[test]

@@ -76,6 +76,16 @@ fn new_name(name: &OsStr) -> Result<&str, FsError> {
     }
 }
 
+/// ENAMETOOLONG for a key S3 would refuse (over
+/// [`crate::store::MAX_KEY_BYTES`]): refused when the name is made, not by
+/// every later upload attempt.
+fn key_fits(key: &str) -> Result<(), FsError> {
+    if key.len() > crate::store::MAX_KEY_BYTES {
+        return Err(FsError::NameTooLong);
+    }
+    Ok(())
+}
+
 impl<S: ObjectStore + WriteStore> Fs<S> {
     /// Turns writes on over `writes`: uploaded files become ordinary
     /// objects (their directory listed again, their inode pointed at the
@@ -398,6 +408,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         let w = self.writes()?.clone();
         let dir = self.dir_attr(parent)?;
         let name = new_name(name)?;
+        key_fits(&format!("{}{name}", dir.key))?;
         let Some(found) = self.resolve_new(&dir, name).await? else {
             // Unknown to this mount and S3 cannot say: an open that replaces
             // whatever is there (O_TRUNC) or says the name is new (O_EXCL)
@@ -717,6 +728,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         let w = self.writes()?.clone();
         let dir = self.dir_attr(parent)?;
         let name = new_name(name)?;
+        key_fits(&format!("{}{name}/", dir.key))?;
         // Unknown while S3 cannot be asked: made here, a directory in S3 of
         // the same name is the same directory.
         if !matches!(
@@ -820,6 +832,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         if from == to {
             return Ok(());
         }
+        key_fits(&to)?;
         let src = self.resolve(&dir, name).await?;
         // A name S3 cannot be asked about now takes a staged file (a
         // checkpoint written under a temporary name): it moves in staging,
@@ -947,6 +960,15 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
                 break;
             }
         }
+        // Every key under the directory gets longer by as much as its
+        // prefix does: refused whole before anything moves.
+        let longest = objects
+            .iter()
+            .map(|o| o.key.len())
+            .chain(w.longest_key_under(from))
+            .max()
+            .unwrap_or(from.len());
+        key_fits_under(longest - from.len(), to)?;
         for o in &objects {
             w.hide(&o.key);
         }
@@ -979,6 +1001,14 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         w.rename_dir(from, to)?;
         Ok(copied)
     }
+}
+
+/// [`key_fits`] for a key of `rest` bytes after directory prefix `to`.
+fn key_fits_under(rest: usize, to: &str) -> Result<(), FsError> {
+    if to.len() + rest > crate::store::MAX_KEY_BYTES {
+        return Err(FsError::NameTooLong);
+    }
+    Ok(())
 }
 
 /// (parent prefix, name) of a key.

@@ -30,6 +30,10 @@ pub use segments::Segments;
 /// "ListObjectsV2 - MaxKeys" in the Amazon S3 API reference).
 pub const MAX_KEYS_PER_PAGE: i32 = 1000;
 
+/// Longest object key, in bytes of its UTF-8 encoding (Amazon S3 User
+/// Guide, "Naming Amazon S3 objects": up to 1,024 bytes).
+pub const MAX_KEY_BYTES: usize = 1024;
+
 /// What a listing or HEAD says about one object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectMeta {

@@ -1322,6 +1322,23 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         self.ov.lock().unwrap().dirs.remove(prefix);
     }
 
+    /// The length in bytes of the longest key staged (a file or a local
+    /// directory) under directory prefix `prefix`, if any.
+    pub fn longest_key_under(&self, prefix: &str) -> Option<usize> {
+        let ov = self.ov.lock().unwrap();
+        let files = ov
+            .files
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, _)| k.len());
+        let dirs = ov
+            .dirs
+            .range(prefix.to_string()..)
+            .take_while(|k| k.starts_with(prefix))
+            .map(|k| k.len());
+        files.chain(dirs).max()
+    }
+
     /// Moves every staged file and local directory under `from` (a
     /// directory prefix) to the same names under `to`. Errors: local disk.
     pub fn rename_dir(self: &Arc<Self>, from: &str, to: &str) -> Result<(), WriteError> {
