@@ -878,6 +878,13 @@ async fn probe(store: &S3Store, source: &Source, config: &Config) -> anyhow::Res
         Err(StoreError::Transient(m)) | Err(StoreError::Throttled(m)) => {
             bail!("cannot reach S3 endpoint {endpoint}: {m}")
         }
+        // An answer that is no S3 answer at all: another service on that port.
+        Err(StoreError::Other(m)) if m.contains("no S3 error code") => bail!(
+            "listing s3://{}/{} at {endpoint}: {m}: check that it is an S3 endpoint \
+             (--endpoint-url)",
+            source.bucket,
+            source.prefix
+        ),
         Err(e) => bail!(
             "listing s3://{}/{} at {endpoint}: {e}",
             source.bucket,

@@ -199,31 +199,53 @@ fn unsigned_requests_to_a_private_bucket_say_to_drop_the_flag() {
     assert!(r.contains("drop --no-sign-request"), "{}", stderr(&o));
 }
 
+/// An HTTP server that is not S3 (another service on the port given) is
+/// named as such, whatever it answers: a 404 is not called a missing bucket,
+/// a 200 or 400 with a body that is no S3 answer is not a bare status.
 #[test]
-fn a_plain_404_from_a_non_s3_server_is_not_called_a_missing_bucket() {
-    // An HTTP server that answers 404 with no S3 error body to everything.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut c in listener.incoming().flatten().take(20) {
-            let mut buf = [0u8; 8192];
-            let _ = c.read(&mut buf);
-            let _ = c.write_all(
-                b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            );
-        }
-    });
-    let dir = TempDir::new("not-s3");
-    let o = run(lakemount_cmd(&format!("http://127.0.0.1:{port}"))
-        .args(["mount", "s3://some-bucket"])
-        .arg(&dir.0));
-    assert_eq!(o.status.code(), Some(1));
-    let r = reason(&o);
-    assert!(
-        r.contains("404") && r.contains("check that it is an S3 endpoint"),
-        "{}",
-        stderr(&o)
-    );
+fn a_server_that_is_not_s3_is_named_as_such_whatever_its_status() {
+    for (answer, status) in [
+        (
+            &b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n"[..],
+            "404",
+        ),
+        (
+            &b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 13\r\n"[..],
+            "200",
+        ),
+        (
+            &b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n"[..],
+            "400",
+        ),
+    ] {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for mut c in listener.incoming().flatten().take(20) {
+                let mut buf = [0u8; 8192];
+                let _ = c.read(&mut buf);
+                let _ = c.write_all(answer);
+                let body: &[u8] = if status == "200" {
+                    b"<html></html>"
+                } else {
+                    b""
+                };
+                let _ = c.write_all(b"Connection: close\r\n\r\n");
+                let _ = c.write_all(body);
+            }
+        });
+        let dir = TempDir::new("not-s3");
+        let o = run(lakemount_cmd(&format!("http://127.0.0.1:{port}"))
+            .args(["mount", "s3://some-bucket"])
+            .arg(&dir.0));
+        assert_eq!(o.status.code(), Some(1));
+        let r = reason(&o);
+        assert!(
+            r.contains(status) && r.contains("check that it is an S3 endpoint"),
+            "{status}: {}",
+            stderr(&o)
+        );
+    }
 }
 
 #[test]

@@ -418,7 +418,11 @@ where
         SdkError::ServiceError(se) => {
             let status = se.raw().status().as_u16();
             let code = se.err().code().unwrap_or("").to_string();
-            let msg = format!("{status} {code} {}", se.err().message().unwrap_or(""));
+            let msg = match se.err().message().filter(|m| !m.is_empty()) {
+                Some(m) => format!("{status} {code} {m}"),
+                None if !code.is_empty() => format!("{status} {code}"),
+                None => no_s3_error(status, se.raw(), se.err()),
+            };
             let mapped = match (status, code.as_str()) {
                 (_, "NoSuchBucket") => StoreError::NoSuchBucket,
                 (_, "NoSuchUpload") => StoreError::NoSuchUpload,
@@ -448,6 +452,29 @@ where
             "error".into(),
         ),
     }
+}
+
+/// The text of an answer that carries no S3 error code or message (a body
+/// the SDK could not read as the operation's answer or as an S3 error: not
+/// an S3 endpoint, a proxy's page, a body cut short): the status and its
+/// reason, what the SDK said, and how the body begins.
+fn no_s3_error(status: u16, raw: &HttpResponse, err: &(dyn std::error::Error + 'static)) -> String {
+    let reason = http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("");
+    let body = match raw.body().bytes() {
+        Some([]) => "; the body is empty".to_string(),
+        Some(b) => {
+            let head = String::from_utf8_lossy(&b[..b.len().min(80)]).into_owned();
+            format!("; the body begins {:?}", head)
+        }
+        None => String::new(),
+    };
+    format!(
+        "{status} {reason}, with no S3 error code in the answer ({}){body}",
+        error_chain(err)
+    )
 }
 
 /// The [`StoreError`] of a failure to load credentials (`chain`: its text):
