@@ -221,7 +221,8 @@ pub struct Source {
 }
 
 impl Source {
-    /// Parses `s3://BUCKET[/PREFIX]` (the `s3://` may be left out).
+    /// Parses `s3://BUCKET[/PREFIX]` (the `s3://` may be left out); the
+    /// prefix is taken as written, a `/` added at its end when missing.
     /// Errors: an empty bucket, or a bucket name outside S3's 3-63 characters
     /// of lowercase letters, digits, `.` and `-` ("Bucket naming rules").
     pub fn parse(s: &str) -> Result<Self, String> {
@@ -237,7 +238,8 @@ impl Source {
                  (expected s3://BUCKET[/PREFIX])"
             ));
         }
-        let prefix = prefix.trim_start_matches('/');
+        // Taken as written: a key may begin with '/', and `s3://b//data`
+        // names the keys under `/data/`, not those under `data/`.
         let prefix = if prefix.is_empty() || prefix.ends_with('/') {
             prefix.to_string()
         } else {
@@ -441,6 +443,8 @@ mod tests {
         );
         assert_eq!(Source::parse("s3://bkt").unwrap().prefix, "");
         assert_eq!(Source::parse("bkt/x/").unwrap().prefix, "x/");
+        assert_eq!(Source::parse("s3://bkt//data").unwrap().prefix, "/data/");
+        assert_eq!(Source::parse("s3://bkt/data//").unwrap().prefix, "data//");
         assert!(Source::parse("s3://").is_err());
         assert!(Source::parse("s3://Bad_Bucket").is_err());
     }
