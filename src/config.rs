@@ -275,6 +275,16 @@ impl Config {
                 ),
             );
         }
+        // (uid_t)-1 and (gid_t)-1 mean "no change" to chown(2); the kernel
+        // shows such an owner as the overflow id (65534).
+        for (key, id) in [("mount.uid", m.uid), ("mount.gid", m.gid)] {
+            if id == Some(u32::MAX) {
+                return bad(
+                    key,
+                    format!("{}; accepted: 0 to {}", u32::MAX, u32::MAX - 1),
+                );
+            }
+        }
         let w = &self.write;
         if !(crate::store::MIN_PART_SIZE..=crate::store::MAX_PART_SIZE).contains(&w.part_size) {
             return bad(
@@ -670,6 +680,9 @@ mod tests {
         c.write.staging_dir = Some("relative/dir".into());
         let msg = c.validate().unwrap_err().to_string();
         assert!(msg.contains("write.staging_dir"), "{msg}");
+        let c = Config::from_toml("[mount]\nuid = 4294967295\n", "x.toml").unwrap();
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(msg.contains("mount.uid"), "{msg}");
         // `file_mode = 644` in TOML is decimal: refused, not turned into 0o1204.
         let c = Config::from_toml("[mount]\nfile_mode = 644\n", "x.toml").unwrap();
         let msg = c.validate().unwrap_err().to_string();
