@@ -278,7 +278,10 @@ fn checkpoints_are_written_while_s3_cannot_be_reached() {
     std::fs::write(m.p("before.pt"), b"before").unwrap();
     // In S3 before the outage (its upload would otherwise wait for
     // retry_secs).
-    std::fs::File::open(m.p("before.pt")).unwrap().sync_all().unwrap();
+    std::fs::File::open(m.p("before.pt"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
     std::fs::create_dir(m.p("local")).unwrap();
     assert_eq!(names(&m.path()), vec!["before.pt", "local"]);
     std::thread::sleep(Duration::from_millis(1500));
