@@ -981,3 +981,73 @@ fn cached_files_keep_reading_while_s3_hangs() {
     });
     assert!(listed.is_some(), "{}", m.log());
 }
+
+/// The distinct byte ranges GET asked for `key` (a hedge repeats its
+/// GET's range exactly, so it is one), checked to be disjoint; their total.
+fn distinct_bytes_asked(srv: &TestServer, key: &str, size: u64) -> u64 {
+    let mut ranges: Vec<(u64, u64)> = srv
+        .get_ranges()
+        .into_iter()
+        .filter(|(k, _)| k == key)
+        .map(
+            |(_, r)| match r.as_deref().and_then(|r| r.strip_prefix("bytes=")) {
+                Some(r) => {
+                    let (a, b) = r.split_once('-').unwrap();
+                    let b = if b.is_empty() {
+                        size - 1
+                    } else {
+                        b.parse().unwrap()
+                    };
+                    (a.parse().unwrap(), b + 1)
+                }
+                None => (0, size),
+            },
+        )
+        .collect();
+    ranges.sort();
+    ranges.dedup();
+    for w in ranges.windows(2) {
+        assert!(w[0].1 <= w[1].0, "{key}: GETs overlap: {ranges:?}");
+    }
+    ranges.iter().map(|(a, b)| b - a).sum()
+}
+
+#[test]
+fn a_cached_block_is_fetched_once_by_read_ahead_and_concurrent_readers() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "flights");
+    let size = 9 * (1 << 20) + 1500;
+    for (k, seed) in [("seq", 41), ("shared", 42)] {
+        srv.put(&b, k, data(size, seed));
+    }
+    let dir = TempDir::new("cache-flights");
+    let m = mount_cached(&srv, &b, &dir.0.join("c"), "");
+    // A sequential reader in 128 KiB reads, as `dd` or `cmp` read: the
+    // read-ahead parts grow past block edges and meet inside blocks.
+    srv.reset_counts();
+    let mut f = std::fs::File::open(m.p("seq")).unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 128 << 10];
+    loop {
+        let n = std::io::Read::read(&mut f, &mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got == data(size, 41), "seq: bytes differ");
+    assert_eq!(distinct_bytes_asked(&srv, "seq", size as u64), size as u64);
+    // Four readers of one cold file at once.
+    srv.reset_counts();
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| assert!(read(&m, "shared") == data(size, 42), "shared: bytes differ"));
+        }
+    });
+    assert_eq!(
+        distinct_bytes_asked(&srv, "shared", size as u64),
+        size as u64,
+        "{}",
+        m.log()
+    );
+}

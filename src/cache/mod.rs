@@ -11,6 +11,7 @@
 //! S3's errors, never the cache's.
 
 pub mod disk;
+mod flight;
 pub mod objfile;
 pub mod packfile;
 
@@ -194,12 +195,39 @@ const SRC_MEMORY: &str = "memory";
 const SRC_DISK: &str = "disk";
 const SRC_S3: &str = "s3";
 
+/// The blocks one read of an object version covers, from block `first`.
+struct BlockSpan<'a> {
+    key: &'a str,
+    etag: &'a str,
+    /// Object size, bytes.
+    size: u64,
+    obj: ObjectId,
+    first: u64,
+}
+
+impl BlockSpan<'_> {
+    /// The block of slot `i`.
+    fn piece(&self, i: usize) -> PieceKey {
+        PieceKey {
+            obj: self.obj,
+            idx: self.first + i as u64,
+        }
+    }
+
+    /// The slot of block `pk`.
+    fn slot(&self, pk: &PieceKey) -> usize {
+        (pk.idx - self.first) as usize
+    }
+}
+
 /// The data cache of one mount: memory tier plus disk tier.
 pub struct Cache {
     bucket: String,
     block_size: u64,
     memory: Option<moka::sync::Cache<PieceKey, Bytes>>,
     disk: Arc<DiskCache>,
+    /// Blocks being fetched now: a read that needs one waits for it.
+    flights: flight::Flights,
 }
 
 impl Cache {
@@ -221,6 +249,7 @@ impl Cache {
             block_size: config.block_size,
             memory,
             disk,
+            flights: flight::Flights::default(),
         })))
     }
 
@@ -386,7 +415,8 @@ impl Cache {
 
     /// Reads `range` (bytes, end exclusive, within `size`) of `key` at `etag`
     /// through the cache; the GETs of missing blocks carry `urgency`
-    /// ([`ObjectStore::get_range_ahead`]). Errors: only the store's (a
+    /// ([`ObjectStore::get_range_ahead`]). A block another read fetches now
+    /// is waited for, not fetched twice. Errors: only the store's (a
     /// failing cache falls back to the store);
     /// [`StoreError::PreconditionFailed`] when the object changed.
     pub async fn get_range<S: ObjectStore>(
@@ -399,100 +429,49 @@ impl Cache {
         urgency: &Urgency,
     ) -> Result<Segments, StoreError> {
         debug_assert!(range.start < range.end && range.end <= size);
-        let bs = self.block_size;
-        let obj = self.object_id(key, etag);
-        let first = range.start / bs;
-        let last = (range.end - 1) / bs;
-        let mut blocks: Vec<Option<Bytes>> = vec![None; (last - first + 1) as usize];
-        let mut on_disk = Vec::new();
-        for (i, slot) in blocks.iter_mut().enumerate() {
-            let pk = PieceKey {
-                obj,
-                idx: first + i as u64,
-            };
-            if let Some(b) = self.memory.as_ref().and_then(|m| m.get(&pk)) {
-                metrics::counter!(m::CACHE_HITS, "tier" => SRC_MEMORY).increment(1);
-                served(SRC_MEMORY, b.len() as u64, None);
-                *slot = Some(b);
-            } else {
-                on_disk.push((i, pk));
-            }
-        }
-        if !on_disk.is_empty() {
-            let disk = self.disk.clone();
-            let want: Vec<(usize, PieceKey, u64)> = on_disk
-                .iter()
-                .map(|&(i, pk)| (i, pk, self.block_len(size, pk.idx)))
-                .collect();
-            let found = tokio::task::spawn_blocking(move || {
-                want.into_iter()
-                    .map(|(i, pk, len)| (i, pk, disk.read(pk, size, len)))
-                    .collect::<Vec<_>>()
-            })
-            .await
-            .unwrap_or_default();
-            for (i, pk, got) in found {
-                if let Some(b) = got {
-                    metrics::counter!(m::CACHE_HITS, "tier" => SRC_DISK).increment(1);
-                    if let Some(mem) = &self.memory {
-                        mem.insert(pk, b.clone());
-                    }
+        let span = BlockSpan {
+            key,
+            etag,
+            size,
+            obj: self.object_id(key, etag),
+            first: range.start / self.block_size,
+        };
+        let count = ((range.end - 1) / self.block_size - span.first + 1) as usize;
+        let mut blocks = self.cached_blocks(&span, count).await;
+        let missing: Vec<PieceKey> = (0..count)
+            .filter(|&i| blocks[i].is_none())
+            .map(|i| span.piece(i))
+            .collect();
+        let (mut fetching, claims) = self.flights.claim(&missing, urgency);
+        let mut mine = vec![false; count];
+        let mut waits = Vec::new();
+        for (pk, claim) in missing.iter().zip(claims) {
+            let i = span.slot(pk);
+            match claim {
+                flight::Claim::Wait(f) => waits.push((i, f)),
+                // Fetched and cached by another read since the look above.
+                flight::Claim::Mine
+                    if let Some(b) = self.memory.as_ref().and_then(|m| m.get(pk)) =>
+                {
+                    fetching.done(*pk, Ok(b.clone()));
                     blocks[i] = Some(b);
                 }
+                flight::Claim::Mine => mine[i] = true,
             }
         }
-        // Runs of missing blocks: one ranged GET each, concurrently.
-        let mut runs: Vec<(usize, usize)> = Vec::new();
-        for (i, b) in blocks.iter().enumerate() {
-            if b.is_none() {
-                match runs.last_mut() {
-                    Some((_, end)) if *end == i => *end = i + 1,
-                    _ => runs.push((i, i + 1)),
-                }
-            }
-        }
-        if !runs.is_empty() {
-            let fetches = runs.iter().map(|&(a, b)| {
-                let start = (first + a as u64) * bs;
-                let end = ((first + b as u64) * bs).min(size);
-                async move {
-                    let started = Instant::now();
-                    let res = store
-                        .get_range_ahead(key, start..end, etag, urgency.clone())
-                        .await;
-                    if res.is_ok() {
-                        let blocks = (b - a) as u64;
-                        self.disk.health().sample_s3(started.elapsed(), blocks);
-                    }
-                    (a, res)
-                }
-            });
-            for (a, res) in futures::future::join_all(fetches).await {
-                let data = res?;
-                let mut off = 0usize;
-                let mut i = a;
-                while off < data.len() {
-                    let idx = first + i as u64;
-                    let len = self.block_len(size, idx) as usize;
-                    let piece = data.slice(off..(off + len).min(data.len()));
-                    metrics::counter!(m::CACHE_MISSES).increment(1);
-                    served(SRC_S3, piece.len() as u64, None);
-                    let pk = PieceKey { obj, idx };
-                    if let Some(mem) = &self.memory {
-                        mem.insert(pk, piece.clone());
-                    }
-                    self.disk.admit(pk, size, piece.clone());
-                    blocks[i] = Some(piece);
-                    off += len;
-                    i += 1;
-                }
-            }
+        // On an error the blocks not handed over leave the table with
+        // `fetching`: their waiters fetch them themselves.
+        self.fetch_runs(store, &span, &mine, &mut fetching, &mut blocks, urgency)
+            .await?;
+        drop(fetching);
+        for (i, f) in waits {
+            blocks[i] = Some(self.wait_for(store, &span, i, f, urgency).await?);
         }
         let blocks = blocks
             .into_iter()
             .collect::<Option<Vec<Bytes>>>()
             .ok_or_else(|| StoreError::Other("cache: block missing".into()))?;
-        let out = self.slice_blocks(blocks, first, &range);
+        let out = self.slice_blocks(blocks, span.first, &range);
         if out.len() as u64 != range.end - range.start {
             return Err(StoreError::Transient(format!(
                 "GET {key}: got {} bytes for {}..{}",
@@ -502,6 +481,141 @@ impl Cache {
             )));
         }
         Ok(out)
+    }
+
+    /// The blocks of `span` found in memory or on disk, `None` for the
+    /// others; `count` slots.
+    async fn cached_blocks(&self, span: &BlockSpan<'_>, count: usize) -> Vec<Option<Bytes>> {
+        let mut blocks: Vec<Option<Bytes>> = vec![None; count];
+        let mut on_disk = Vec::new();
+        for (i, slot) in blocks.iter_mut().enumerate() {
+            let pk = span.piece(i);
+            if let Some(b) = self.memory.as_ref().and_then(|m| m.get(&pk)) {
+                metrics::counter!(m::CACHE_HITS, "tier" => SRC_MEMORY).increment(1);
+                served(SRC_MEMORY, b.len() as u64, None);
+                *slot = Some(b);
+            } else {
+                on_disk.push((i, pk));
+            }
+        }
+        if on_disk.is_empty() {
+            return blocks;
+        }
+        let disk = self.disk.clone();
+        let size = span.size;
+        let want: Vec<(usize, PieceKey, u64)> = on_disk
+            .iter()
+            .map(|&(i, pk)| (i, pk, self.block_len(size, pk.idx)))
+            .collect();
+        let found = tokio::task::spawn_blocking(move || {
+            want.into_iter()
+                .map(|(i, pk, len)| (i, pk, disk.read(pk, size, len)))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        for (i, pk, got) in found {
+            if let Some(b) = got {
+                metrics::counter!(m::CACHE_HITS, "tier" => SRC_DISK).increment(1);
+                if let Some(mem) = &self.memory {
+                    mem.insert(pk, b.clone());
+                }
+                blocks[i] = Some(b);
+            }
+        }
+        blocks
+    }
+
+    /// Fetches the slots of `span` marked in `mine`: one ranged GET for
+    /// each run of adjacent ones, concurrently; each block is cached and
+    /// handed to the reads waiting for it.
+    async fn fetch_runs<S: ObjectStore>(
+        &self,
+        store: &S,
+        span: &BlockSpan<'_>,
+        mine: &[bool],
+        fetching: &mut flight::Fetching<'_>,
+        blocks: &mut [Option<Bytes>],
+        urgency: &Urgency,
+    ) -> Result<(), StoreError> {
+        let bs = self.block_size;
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for (i, &m) in mine.iter().enumerate() {
+            if m {
+                match runs.last_mut() {
+                    Some((_, end)) if *end == i => *end = i + 1,
+                    _ => runs.push((i, i + 1)),
+                }
+            }
+        }
+        let fetches = runs.iter().map(|&(a, b)| {
+            let start = span.piece(a).idx * bs;
+            let end = (span.piece(b).idx * bs).min(span.size);
+            async move {
+                let started = Instant::now();
+                let res = store
+                    .get_range_ahead(span.key, start..end, span.etag, urgency.clone())
+                    .await;
+                if res.is_ok() {
+                    let blocks = (b - a) as u64;
+                    self.disk.health().sample_s3(started.elapsed(), blocks);
+                }
+                (a, res)
+            }
+        });
+        for (a, res) in futures::future::join_all(fetches).await {
+            let data = res?;
+            let mut off = 0usize;
+            let mut i = a;
+            while off < data.len() {
+                let pk = span.piece(i);
+                let len = self.block_len(span.size, pk.idx) as usize;
+                let piece = data.slice(off..(off + len).min(data.len()));
+                self.admit_fetched(span, pk, &piece);
+                fetching.done(pk, Ok(piece.clone()));
+                blocks[i] = Some(piece);
+                off += len;
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Slot `i` of `span`, which another read fetches (`flight`): its
+    /// outcome, counted as a memory hit, or fetched here when that read
+    /// ended without it.
+    async fn wait_for<S: ObjectStore>(
+        &self,
+        store: &S,
+        span: &BlockSpan<'_>,
+        i: usize,
+        flight: flight::Flight,
+        urgency: &Urgency,
+    ) -> Result<Bytes, StoreError> {
+        if let Some(outcome) = flight::wait(flight, urgency).await {
+            let piece = outcome?;
+            metrics::counter!(m::CACHE_HITS, "tier" => SRC_MEMORY).increment(1);
+            served(SRC_MEMORY, piece.len() as u64, None);
+            return Ok(piece);
+        }
+        let pk = span.piece(i);
+        let start = pk.idx * self.block_size;
+        let end = (start + self.block_len(span.size, pk.idx)).min(span.size);
+        let piece = store
+            .get_range_ahead(span.key, start..end, span.etag, urgency.clone())
+            .await?;
+        self.admit_fetched(span, pk, &piece);
+        Ok(piece)
+    }
+
+    /// Counts a block fetched from S3 and puts it in both tiers.
+    fn admit_fetched(&self, span: &BlockSpan<'_>, pk: PieceKey, piece: &Bytes) {
+        metrics::counter!(m::CACHE_MISSES).increment(1);
+        served(SRC_S3, piece.len() as u64, None);
+        if let Some(mem) = &self.memory {
+            mem.insert(pk, piece.clone());
+        }
+        self.disk.admit(pk, span.size, piece.clone());
     }
 }
 

@@ -105,7 +105,7 @@ impl Urgency {
     }
 
     /// Resolves once a reader waits for the GET.
-    pub(super) async fn waited(&self) {
+    pub async fn waited(&self) {
         loop {
             let marked = self.0.marked.notified();
             tokio::pin!(marked);
