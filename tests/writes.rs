@@ -7,7 +7,7 @@ mod common;
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -255,6 +255,50 @@ fn fail_s3(server: &TestServer, on: bool) {
     for op in S3_OPS {
         server.fail_next(op, 500, if on { 1_000_000 } else { 0 });
     }
+}
+
+/// A file whose upload could not reach S3 is uploaded soon after S3
+/// answers again, not at the end of its backoff: the mount probes S3 while
+/// such an upload waits.
+#[test]
+fn an_upload_that_could_not_reach_s3_goes_soon_after_s3_is_back() {
+    let server = private_server();
+    let b = bucket_on(&server, "w-back");
+    let staging = TempDir::new("staging");
+    let m = rw(
+        &server,
+        &b,
+        &staging.0,
+        "[write]\nretry_secs = 0.5\nupload_delay_secs = 0\n",
+    );
+    fail_s3(&server, true);
+    let want = data(20_000, 7);
+    std::fs::write(m.p("ck.pt"), &want).unwrap();
+    // Failed tries until the next one waits 8 s or more.
+    let waits = |log: &str| -> Vec<f64> {
+        log.lines()
+            .filter(|l| l.contains("upload failed"))
+            .filter_map(|l| l.split("retry_in_secs=").nth(1))
+            .filter_map(|v| v.split_whitespace().next()?.parse().ok())
+            .collect()
+    };
+    let t = Instant::now();
+    while !waits(&m.log()).iter().any(|&w| w >= 8.0) {
+        assert!(t.elapsed() < Duration::from_secs(60), "{}", m.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    fail_s3(&server, false);
+    let back = Instant::now();
+    while server.get(&b, "ck.pt").is_none() {
+        assert!(
+            back.elapsed() < Duration::from_secs(5),
+            "not uploaded within 5 s of S3's return: {}",
+            m.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(server.get(&b, "ck.pt").unwrap(), want);
+    assert!(m.log().contains("S3 answers again"), "{}", m.log());
 }
 
 /// While S3 cannot be reached, checkpoints are still written: a new name

@@ -59,7 +59,8 @@ pub struct WriteConfig {
     #[serde(deserialize_with = "crate::config::byte_size::deserialize")]
     pub upload_memory: u64,
     /// Seconds before a failed upload is tried again; doubled after each
-    /// failure, at most 15 minutes. Default 30.
+    /// failure, at most 15 minutes; also how often S3 is probed (at most
+    /// every 5 s) while uploads wait for it to answer again. Default 30.
     pub retry_secs: f64,
     /// Nice value of the threads that upload (0 to 19): uploads are
     /// background work and yield the CPU to the training job and to the
@@ -123,6 +124,10 @@ pub fn upload_runtime(threads: usize, nice: i32) -> std::io::Result<tokio::runti
 /// Longest wait between tries of a failing upload.
 const MAX_RETRY: Duration = Duration::from_secs(15 * 60);
 
+/// Longest wait between two probes of S3 while uploads wait for it to
+/// answer again (`write.retry_secs` when shorter).
+const PROBE_EVERY: Duration = Duration::from_secs(5);
+
 /// One staged file. Open handles, the overlay and the upload task share it;
 /// once uploaded it leaves the overlay and staging, and handles still open
 /// for reading keep reading its local file.
@@ -174,6 +179,10 @@ struct State {
     stale_keys: Vec<String>,
     /// Consecutive failed tries.
     failures: u32,
+    /// The last try failed because S3 could not be reached
+    /// ([`crate::store::StoreError::Transient`]): S3's return, seen by
+    /// [`Writes::watch_for_return`], retries it at once.
+    unreachable: bool,
     /// The multipart upload under way (parts sent while the file is still
     /// written, or by an upload interrupted by a change).
     mpu: Option<Mpu>,
@@ -280,6 +289,7 @@ impl State {
             in_s3: false,
             stale_keys: Vec::new(),
             failures: 0,
+            unreachable: false,
             mpu: None,
             part_written: Vec::new(),
             no_early: false,
@@ -466,6 +476,8 @@ pub struct Writes<S> {
     on_kept: OnceLock<OnKept>,
     /// [`Keeping`]s not dropped yet.
     keeping: Arc<std::sync::atomic::AtomicUsize>,
+    /// A task probes S3 for uploads that could not reach it.
+    probing: Mutex<bool>,
 }
 
 /// Async locks by key, created on first use and dropped with their last user.
@@ -531,6 +543,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
             on_handed_over: OnceLock::new(),
             on_kept: OnceLock::new(),
             keeping: Arc::default(),
+            probing: Mutex::new(false),
         })
     }
 

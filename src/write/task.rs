@@ -154,7 +154,12 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
                         _ = &mut wake => {}
                     }
                 }
-                Step::Upload(key, version, size) => self.upload_once(&f, key, version, size).await,
+                Step::Upload(key, version, size) => {
+                    self.upload_once(&f, key, version, size).await;
+                    if f.st.lock().unwrap().unreachable {
+                        self.watch_for_return();
+                    }
+                }
                 Step::HandOver => {
                     if self.hand_over(&f).await {
                         return;
@@ -232,6 +237,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
                 st.in_s3 = true;
                 st.failed = None;
                 st.failures = 0;
+                st.unreachable = false;
             }
             Err(e) => {
                 metrics::counter!(m::WRITE_UPLOAD_FAILURES).increment(1);
@@ -240,6 +246,7 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
                     .saturating_mul(1 << st.failures.min(10))
                     .min(MAX_RETRY);
                 st.failures += 1;
+                st.unreachable = matches!(e, crate::store::StoreError::Transient(_));
                 error!(key = %key.escape_debug(), size, staged = %self.staging.data_path(f.id).display(),
                     retry_in_secs = wait.as_secs_f64(),
                     "upload failed; the file stays in staging and is tried again: {e}");
@@ -250,6 +257,76 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
         }
         drop(st);
         f.settled.notify_waiters();
+    }
+
+    /// Starts probing S3 (one ListObjectsV2 of one key) every
+    /// `write.retry_secs`, at most [`PROBE_EVERY`], unless a probe runs: a
+    /// probe that fails and a later one that succeeds mean S3 is back, and
+    /// the uploads that could not reach it are tried at once, not at the
+    /// end of their backoff (up to [`MAX_RETRY`]). Uploads failing while S3
+    /// answers lists keep their backoff. Probing ends when no upload waits.
+    fn watch_for_return(self: &Arc<Self>) {
+        {
+            let mut probing = self.probing.lock().unwrap();
+            if *probing {
+                return;
+            }
+            *probing = true;
+        }
+        let this = self.clone();
+        self.rt.spawn(async move { this.probe_until_back().await });
+    }
+
+    async fn probe_until_back(&self) {
+        let mut seen_down = false;
+        loop {
+            tokio::time::sleep(self.retry.min(PROBE_EVERY)).await;
+            let waiting = {
+                let mut probing = self.probing.lock().unwrap();
+                let waiting = self.waiting_for_s3();
+                if waiting.is_empty() {
+                    *probing = false;
+                    return;
+                }
+                waiting
+            };
+            let key = waiting[0].st.lock().unwrap().key.clone();
+            match self.up.store.list_page(&key, None, None, None, 1).await {
+                Err(_) => seen_down = true,
+                Ok(_) if seen_down => {
+                    seen_down = false;
+                    info!(
+                        uploads = waiting.len(),
+                        "S3 answers again: retrying the uploads that could not reach it"
+                    );
+                    let now = Instant::now();
+                    for f in waiting {
+                        let mut st = f.st.lock().unwrap();
+                        if st.unreachable && st.ready_at.is_some_and(|t| t > now) {
+                            st.ready_at = Some(now);
+                        }
+                        drop(st);
+                        f.wake.notify_waiters();
+                    }
+                }
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Staged files whose last upload could not reach S3.
+    fn waiting_for_s3(&self) -> Vec<Arc<Staged>> {
+        self.ov
+            .lock()
+            .unwrap()
+            .files
+            .values()
+            .filter(|f| {
+                let st = f.st.lock().unwrap();
+                st.unreachable && !st.gone
+            })
+            .cloned()
+            .collect()
     }
 
     /// The multipart upload under way for `key`, created when there is
