@@ -257,6 +257,26 @@ fn fail_s3(server: &TestServer, on: bool) {
     }
 }
 
+/// A CreateMultipartUpload whose answer is lost (the server made the
+/// upload, the client saw a failure and sent it again) leaves no upload
+/// pending: the one nobody got the id of is aborted.
+#[test]
+fn a_create_whose_answer_was_lost_leaves_no_pending_upload() {
+    let server = private_server();
+    let b = bucket_on(&server, "w-lost");
+    let staging = TempDir::new("staging");
+    let m = rw(&server, &b, &staging.0, "[write]\npart_size = \"5MiB\"\n");
+    server.lose_answers("CreateMultipartUpload", 1);
+    let want = data(11 << 20, 9);
+    let mut f = std::fs::File::create(m.p("ck.pt")).unwrap();
+    std::io::Write::write_all(&mut f, &want).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(server.get(&b, "ck.pt").unwrap(), want);
+    assert_eq!(server.request_count("CreateMultipartUpload"), 2);
+    assert_eq!(server.open_uploads(&b), Vec::<String>::new(), "{}", m.log());
+}
+
 /// A file whose upload could not reach S3 is uploaded soon after S3
 /// answers again, not at the end of its backoff: the mount probes S3 while
 /// such an upload waits.

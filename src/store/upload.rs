@@ -7,11 +7,18 @@
 //! plus one second per [`MIN_UPLOAD_RATE`] bytes, so a 64 MiB part on a slow
 //! link is not cut off while one that stops is.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::Intercept;
+use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_types::config_bag::ConfigBag;
 use bytes::Bytes;
 
 use super::s3::{S3Store, map_sdk_error};
@@ -31,6 +38,77 @@ impl S3Store {
                 .operation_timeout(attempt * self.max_attempts)
                 .build(),
         )
+    }
+}
+
+/// Counts the attempts of one request (an SDK interceptor).
+#[derive(Clone, Debug, Default)]
+struct Attempts(Arc<AtomicU32>);
+
+impl Attempts {
+    fn count(&self) -> u32 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl Intercept for Attempts {
+    fn name(&self) -> &'static str {
+        "Attempts"
+    }
+
+    fn read_before_attempt(
+        &self,
+        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// How much earlier than the upload a create finally answered, by the
+/// server's clock, an upload made by one of that create's earlier attempts
+/// may be, beyond the create's own duration: S3 gives `Initiated` to the
+/// millisecond, some servers to the second.
+const LOST_CREATE_MARGIN: Duration = Duration::from_secs(1);
+
+impl S3Store {
+    /// After a CreateMultipartUpload of `key` that took `took` and more
+    /// than one attempt answered `id`: aborts the other uploads of exactly
+    /// `key` initiated during that create, made by attempts whose answers
+    /// were lost (a reset or a timeout after the server acted). Nobody
+    /// knows their ids, so nothing else would ever abort them, and S3
+    /// bills their parts until a lifecycle rule does. Failures are logged,
+    /// never the create's.
+    async fn abort_lost_creates(&self, key: &str, id: &str, took: Duration) {
+        let pending = match self.list_multipart(key).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(key = %key.escape_debug(), "could not list the multipart uploads a retried create may have left: {e}");
+                return;
+            }
+        };
+        let Some(ours) = pending
+            .iter()
+            .find(|u| u.upload_id == id)
+            .map(|u| u.initiated)
+        else {
+            return;
+        };
+        let from = ours
+            .checked_sub(took + LOST_CREATE_MARGIN)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        for u in pending
+            .iter()
+            .filter(|u| u.key == key && u.upload_id != id && (from..=ours).contains(&u.initiated))
+        {
+            tracing::info!(key = %key.escape_debug(), upload_id = %u.upload_id,
+                "aborting the multipart upload of a CreateMultipartUpload attempt whose answer was lost");
+            if let Err(e) = self.abort_multipart(key, &u.upload_id).await {
+                tracing::warn!(key = %key.escape_debug(), upload_id = %u.upload_id, "abort failed: {e}");
+            }
+        }
     }
 }
 
@@ -84,17 +162,24 @@ impl WriteStore for S3Store {
 
     async fn create_multipart(&self, key: &str) -> Result<String, StoreError> {
         let start = Instant::now();
+        let attempts = Attempts::default();
         let res = self
             .client
             .create_multipart_upload()
             .bucket(&self.bucket)
             .key(key)
+            .customize()
+            .interceptor(attempts.clone())
             .send()
             .await;
         let out = finish(m::OP_CREATE_MULTIPART, start, res, "200")?;
-        out.upload_id()
-            .map(str::to_string)
-            .ok_or_else(|| StoreError::Other(format!("CreateMultipartUpload {key}: no upload id")))
+        let id = out.upload_id().map(str::to_string).ok_or_else(|| {
+            StoreError::Other(format!("CreateMultipartUpload {key}: no upload id"))
+        })?;
+        if attempts.count() > 1 {
+            self.abort_lost_creates(key, &id, start.elapsed()).await;
+        }
+        Ok(id)
     }
 
     async fn upload_part(

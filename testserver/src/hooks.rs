@@ -33,6 +33,9 @@ pub struct Hooks {
     pub encoding_mode: std::sync::atomic::AtomicU8,
     counts: Mutex<HashMap<String, u64>>,
     failures: Mutex<HashMap<String, (u16, u32)>>,
+    /// Per operation: how many more requests are carried out and then
+    /// answered 500, as if the answer were lost.
+    lost: Mutex<HashMap<String, u32>>,
     delays: Mutex<Vec<Delay>>,
     cuts: Mutex<Vec<Cut>>,
     /// GetObject body bytes sent since the last reset (of a broken body, the
@@ -146,6 +149,33 @@ impl Hooks {
         } else {
             f.insert(op.to_owned(), (status, times));
         }
+    }
+
+    /// The next `times` requests of `op` are carried out, then answered
+    /// 500 InternalError: the client sees a failure although the server
+    /// acted, as when an answer is lost. `times == 0` removes the rule.
+    /// Honoured by CreateMultipartUpload.
+    pub fn lose_answers(&self, op: &str, times: u32) {
+        let mut l = lock(&self.lost);
+        if times == 0 {
+            l.remove(op);
+        } else {
+            l.insert(op.to_owned(), times);
+        }
+    }
+
+    /// Whether this request of `op`, carried out, must be answered as a
+    /// lost answer ([`Self::lose_answers`]).
+    pub fn take_lost(&self, op: &str) -> bool {
+        let mut l = lock(&self.lost);
+        let Some(left) = l.get_mut(op) else {
+            return false;
+        };
+        *left -= 1;
+        if *left == 0 {
+            l.remove(op);
+        }
+        true
     }
 
     /// From now on the first `times` requests of every key (of any

@@ -392,6 +392,12 @@ impl TestServer {
             .break_bodies(key_prefix, after, stall, times);
     }
 
+    /// The next `times` requests of `op` are carried out and then answered
+    /// 500, as if their answers were lost (CreateMultipartUpload only).
+    pub fn lose_answers(&self, op: &str, times: u32) {
+        self.inner.hooks.lose_answers(op, times);
+    }
+
     /// GetObject body bytes sent since the last [`Self::reset_counts`]; of a
     /// body broken by [`Self::break_bodies`], the bytes before the break.
     pub fn get_body_bytes(&self) -> u64 {

@@ -319,6 +319,9 @@ impl S3 for MemS3 {
             return Err(S3Error::new(S3ErrorCode::NoSuchBucket));
         }
         let id = self.uploads.create(&i.bucket, &i.key);
+        if self.hooks.take_lost("CreateMultipartUpload") {
+            return Err(crate::hooks::injected_error(500));
+        }
         Ok(S3Response::new(CreateMultipartUploadOutput {
             bucket: Some(i.bucket),
             key: Some(i.key),
