@@ -287,7 +287,7 @@ fn prefetch_tree_lists_a_flat_directory_in_parallel_key_ranges() {
 }
 
 #[test]
-fn lookups_in_a_directory_over_max_dir_entries_use_head_not_a_list_storm() {
+fn lookups_in_a_directory_over_max_dir_entries_list_one_name_not_the_directory() {
     let s = private_server();
     let b = bucket_on(&s, "huge");
     for i in 0..5000 {
@@ -296,6 +296,11 @@ fn lookups_in_a_directory_over_max_dir_entries_use_head_not_a_list_storm() {
     s.put(&b, "big/sub/inner", "i");
     s.put(&b, "big/shadow", "file under a directory of the same name");
     s.put(&b, "big/shadow/x", "x");
+    // Keys that extend a name with a byte below `/` come between the
+    // object and its directory: 40 of them take the lookup past one page.
+    for i in 0..40 {
+        s.put(&b, &format!("big/sub.{i:02}"), "dot");
+    }
     let m = MountSpec::new(&b)
         .server(&s)
         // Request counts exactly: no hedged LIST (one in twenty of 200
@@ -304,44 +309,88 @@ fn lookups_in_a_directory_over_max_dir_entries_use_head_not_a_list_storm() {
         .mount();
     s.reset_counts();
     // First lookup: the root listing (for "big"), the listing of big/ given up
-    // after 3 pages (3000 > 2500 entries), then HEAD + one-key LIST.
+    // after 3 pages (3000 > 2500 entries), then one LIST of the name.
     assert_eq!(
         std::fs::metadata(m.p("big/f01234")).unwrap().len(),
         1234 % 11
     );
-    assert_eq!((lists(&s), heads(&s)), (1 + 3 + 1, 1), "first lookup");
+    assert_eq!((lists(&s), heads(&s)), (1 + 3 + 1, 0), "first lookup");
     assert!(m.log().contains("directory too large to cache"));
-    // 200 more lookups: 1 HEAD + 1 LIST each, never the 5-page listing again.
+    // 200 more lookups: 1 LIST each, never the 5-page listing again.
     for i in 0..200 {
         let len = std::fs::metadata(m.p(&format!("big/f{:05}", 3 + i * 24)))
             .unwrap()
             .len();
         assert_eq!(len as usize, (3 + i * 24) % 11);
     }
-    assert_eq!((lists(&s), heads(&s)), (5 + 200, 1 + 200), "200 lookups");
-    // A directory, a shadowed file, a missing name (then negative-cached).
+    assert_eq!((lists(&s), heads(&s)), (5 + 200, 0), "200 lookups");
+    // A directory past 40 keys of its name's (2 pages), a shadowed file,
+    // a missing name (then negative-cached).
+    let before = lists(&s);
     assert!(std::fs::metadata(m.p("big/sub")).unwrap().is_dir());
+    assert_eq!(lists(&s), before + 2, "big/sub: two pages of 32 keys");
+    assert_eq!(std::fs::read_to_string(m.p("big/sub.07")).unwrap(), "dot");
     assert!(std::fs::metadata(m.p("big/shadow")).unwrap().is_dir());
     assert_eq!(std::fs::read_to_string(m.p("big/sub/inner")).unwrap(), "i");
-    let before = (lists(&s), heads(&s));
+    let before = lists(&s);
     assert_errno(
         std::fs::metadata(m.p("big/missing")),
         libc::ENOENT,
         "missing",
     );
-    assert_eq!((lists(&s), heads(&s)), (before.0 + 1, before.1 + 1));
+    assert_eq!(lists(&s), before + 1);
     for _ in 0..100 {
         assert!(std::fs::metadata(m.p("big/missing")).is_err());
     }
-    assert_eq!(
-        (lists(&s), heads(&s)),
-        (before.0 + 1, before.1 + 1),
-        "negative cache"
-    );
+    assert_eq!(lists(&s), before + 1, "negative cache");
     // readdir still shows everything (listed for the handle, not cached).
     let names = readdir_names(&m.p("big"));
-    assert_eq!(names.len(), 5000 + 2);
-    assert_eq!(heads(&s), before.1 + 1, "readdir sent HEADs");
+    assert_eq!(names.len(), 5000 + 2 + 40);
+    assert_eq!(heads(&s), 0, "a lookup sent HeadObject");
+}
+
+/// With a TTL of 0 nothing is cached, so a lookup asks for its name alone:
+/// a stat costs a LIST of one name for each time the kernel asks (its
+/// lookup and its getattr), not a listing of the whole directory each, and
+/// still sees every change.
+#[test]
+fn a_ttl_of_0_looks_each_name_up_with_one_request() {
+    let s = private_server();
+    let b = bucket_on(&s, "ttl0-ls");
+    let n = 1500;
+    for i in 0..n {
+        s.put(&b, &format!("d/f{i:05}"), vec![b'x'; i % 7]);
+    }
+    s.put(&b, "d/sub/inner", "i");
+    let m = MountSpec::new(&b)
+        .server(&s)
+        .args(&["--metadata-ttl", "0"])
+        .config("[s3]\nhedged_gets = false\n")
+        .mount();
+    assert!(m.p("d").is_dir());
+    s.reset_counts();
+    let stats = 100;
+    for i in 0..stats {
+        let len = std::fs::metadata(m.p(&format!("d/f{:05}", i * 13)))
+            .unwrap()
+            .len();
+        assert_eq!(len as usize, (i * 13) % 7);
+    }
+    // Each stat: the kernel's lookups of `d` and of the name and its
+    // getattr, one LIST each (a listing of `d` would be two pages each).
+    assert!(
+        lists(&s) <= 3 * stats as u64,
+        "{} LISTs for {stats} stats",
+        lists(&s)
+    );
+    assert_eq!(heads(&s), 0);
+    assert!(m.p("d/sub").is_dir());
+    assert_eq!(readdir_names(&m.p("d")).len(), n + 1);
+    // Changes show at once.
+    s.put(&b, "d/f00003", "new");
+    assert_eq!(std::fs::read_to_string(m.p("d/f00003")).unwrap(), "new");
+    s.delete(&b, "d/f00004");
+    assert!(!m.p("d/f00004").exists());
 }
 
 /// The value of metric `name` (no labels) from `GET http://addr/metrics`;

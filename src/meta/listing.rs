@@ -119,6 +119,74 @@ pub async fn list_dir_upto<S: ObjectStore>(
     Ok(Some(finalize(prefix, entries)))
 }
 
+/// Keys asked for per page by [`find_one`]: the entry wanted comes first
+/// or after the few keys that extend its name with a byte below `/`.
+const FIND_ONE_PAGE: i32 = 32;
+
+/// Looks up `name` in the directory at `prefix` with ListObjectsV2 of the
+/// key `prefix + name` as prefix (delimiter `/`), not of the whole
+/// directory: one request of a few keys whatever the directory's size. In
+/// key order the object `name` comes first, then keys extending the name
+/// with a byte below `/` (`name.bak`, `name-1`), then the common prefix
+/// `name/`; the pages stop once past it. `name/` makes it a directory
+/// (shadowing an object `name`, with a warning, as in [`list_dir`]); a
+/// name that cannot be a POSIX name is not found. Errors: the store's.
+pub async fn find_one<S: ObjectStore>(
+    store: &S,
+    prefix: &str,
+    name: &str,
+) -> Result<Option<ListedEntry>, StoreError> {
+    if name.contains('/') || check_name(name).is_err() {
+        return Ok(None);
+    }
+    let key = format!("{prefix}{name}");
+    let sub = format!("{key}/");
+    let mut file = None;
+    let mut token = None;
+    loop {
+        let page = store
+            .list_page(&key, Some("/"), token, None, FIND_ONE_PAGE)
+            .await?;
+        let mut past = false;
+        for obj in page.objects {
+            if obj.key == key {
+                file = Some(ListedEntry {
+                    name: name.to_string(),
+                    kind: EntryKind::File,
+                    size: obj.size,
+                    etag: obj.etag,
+                    mtime: Some(obj.last_modified),
+                });
+            } else if obj.key.as_str() > sub.as_str() {
+                past = true;
+            }
+        }
+        for cp in &page.common_prefixes {
+            if *cp == sub {
+                if file.is_some() {
+                    warn!(key = %key.escape_debug(),
+                        "object shadowed by a directory of the same name; only the directory is shown");
+                    metrics::counter!(m::KEYS_SKIPPED, "reason" => "shadowed").increment(1);
+                }
+                return Ok(Some(ListedEntry {
+                    name: name.to_string(),
+                    kind: EntryKind::Dir,
+                    size: 0,
+                    etag: String::new(),
+                    mtime: None,
+                }));
+            }
+            if cp.as_str() > sub.as_str() {
+                past = true;
+            }
+        }
+        token = page.next_token;
+        if past || token.is_none() {
+            return Ok(file);
+        }
+    }
+}
+
 /// Sorts `entries` of the directory at `prefix` by name bytes and keeps each
 /// name once: a name that is both a file and a directory is the directory (the
 /// file is shadowed, with a warning).
@@ -193,5 +261,31 @@ mod tests {
             list_dir(&s, "a/").await.unwrap().is_empty(),
             "a//b is not shown"
         );
+    }
+
+    /// `find_one` answers as the directory's listing does, for every name
+    /// the listing shows and some it does not.
+    #[tokio::test]
+    async fn find_one_agrees_with_the_listing() {
+        let s = MemStore::default();
+        let mut keys: Vec<String> = ["x", "x/y", "d/", "d/e/", "a//b", "ok", "sp ace", "n"]
+            .iter()
+            .map(|k| k.to_string())
+            .collect();
+        // 40 keys between the object "n" and the prefix "n/": two pages.
+        keys.extend((0..40).map(|i| format!("n.{i:02}")));
+        keys.extend(["n/inner".to_string(), "n0".to_string(), "x.bak".to_string()]);
+        for k in &keys {
+            s.put(k, "1");
+        }
+        let listed = list_dir(&s, "").await.unwrap();
+        for e in &listed {
+            assert_eq!(find_one(&s, "", &e.name).await.unwrap().as_ref(), Some(e));
+        }
+        for missing in ["nope", "o", "a/", "..", "x/"] {
+            assert_eq!(find_one(&s, "", missing).await.unwrap(), None, "{missing}");
+        }
+        let d = find_one(&s, "d/", "e").await.unwrap().unwrap();
+        assert_eq!(d.kind, EntryKind::Dir);
     }
 }

@@ -9,9 +9,9 @@
 //! A directory with more than [`MetaConfig::max_dir_entries`] entries is too
 //! large to cache: its listing is given up at that many entries and the
 //! directory is remembered as huge for the TTL. A lookup in it then sends
-//! HeadObject of the key and a ListObjectsV2 of `name/` with MaxKeys 1, at
-//! once (2 requests instead of ceil(N/1000) LISTs); opendir lists it for the
-//! directory handle only, never into the cache.
+//! one ListObjectsV2 with the name's key as prefix ([`listing::find_one`]:
+//! 1 request instead of ceil(N/1000)), as every lookup does with a TTL of
+//! 0; opendir lists it for the directory handle only, never into the cache.
 
 pub mod inode;
 pub mod listing;
@@ -420,7 +420,13 @@ impl<S: ObjectStore> Meta<S> {
             metrics::counter!(m::META_NEGATIVE_CACHE, "result" => "hit").increment(1);
             return Ok(None);
         }
-        let (found, as_of) = match self.cached_listing(prefix).await? {
+        // With a TTL of 0 a listing serves one lookup: one name is asked.
+        let listing = if self.config.ttl().is_zero() {
+            None
+        } else {
+            self.cached_listing(prefix).await?
+        };
+        let (found, as_of) = match listing {
             Some(listing) => {
                 let entries = &listing.entries;
                 let found = entries
@@ -452,48 +458,16 @@ impl<S: ObjectStore> Meta<S> {
         Ok(found)
     }
 
-    /// Looks `name` up in a directory too large to list: HeadObject of the key
-    /// and ListObjectsV2 of `name/` (delimiter `/`, MaxKeys 1) at once. Any key
-    /// under `name/` makes it a directory (shadowing an object `name`, as in
-    /// a listing); else the object, if any, is the file.
+    /// Looks `name` up without listing its directory
+    /// ([`listing::find_one`]): in a directory too large to cache, and with
+    /// a TTL of 0 (nothing to cache a listing for).
     async fn find_direct(
         &self,
         prefix: &str,
         name: &str,
     ) -> Result<Option<ListedEntry>, StoreError> {
         metrics::counter!(m::META_DIRECT_LOOKUPS).increment(1);
-        let key = format!("{prefix}{name}");
-        let sub = format!("{key}/");
-        let (head, page) = tokio::join!(
-            self.store.head(&key),
-            self.store.list_page(&sub, Some("/"), None, None, 1)
-        );
-        let page = page?;
-        if !page.objects.is_empty() || !page.common_prefixes.is_empty() {
-            if head.is_ok() {
-                warn!(key = %key.escape_debug(),
-                    "object shadowed by a directory of the same name; only the directory is shown");
-                metrics::counter!(m::KEYS_SKIPPED, "reason" => "shadowed").increment(1);
-            }
-            return Ok(Some(ListedEntry {
-                name: name.to_string(),
-                kind: EntryKind::Dir,
-                size: 0,
-                etag: String::new(),
-                mtime: None,
-            }));
-        }
-        match head {
-            Ok(meta) => Ok(Some(ListedEntry {
-                name: name.to_string(),
-                kind: EntryKind::File,
-                size: meta.size,
-                etag: meta.etag,
-                mtime: Some(meta.last_modified),
-            })),
-            Err(StoreError::NotFound) => Ok(None),
-            Err(e) => Err(e),
-        }
+        listing::find_one(&*self.store, prefix, name).await
     }
 
     /// Lists the whole tree under `prefix` in concurrent key ranges (see

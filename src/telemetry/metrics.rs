@@ -135,8 +135,9 @@ pub const META_STALE_LISTINGS: &str = "lakemount_meta_stale_listings_total";
 pub const META_NEGATIVE_CACHE: &str = "lakemount_meta_negative_cache_total";
 /// Histogram: time to list one whole directory (all pages), seconds.
 pub const META_LISTING_SECONDS: &str = "lakemount_meta_listing_seconds";
-/// Counter: lookups answered by HeadObject + a one-key ListObjectsV2 because
-/// the directory is too large to list (`metadata.max_dir_entries`).
+/// Counter: lookups answered by a ListObjectsV2 of the name alone, because
+/// the directory is too large to list (`metadata.max_dir_entries`) or the
+/// metadata TTL is 0.
 pub const META_DIRECT_LOOKUPS: &str = "lakemount_meta_direct_lookups_total";
 /// Gauge: inodes in the inode table (root included): what the kernel holds
 /// lookups of; shrinks as the kernel sends `forget`.
