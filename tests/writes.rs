@@ -745,6 +745,49 @@ fn writes_send_no_getxattr_each() {
     assert!(count("getxattr") <= 2, "{body}");
 }
 
+/// A directory rename that fails part way leaves S3 as it was: the copies
+/// made before the failure are deleted. When they cannot be, the mount
+/// shows what S3 holds, the new name included, in listings and lookups
+/// alike.
+#[test]
+fn a_directory_rename_that_fails_part_way_is_undone_or_shown_as_it_is() {
+    let server = private_server();
+    let b = bucket_on(&server, "w-dirfail");
+    server.put(&b, "d/1", "one");
+    let big = data(6 << 20, 3);
+    server.put(&b, "d/2", big.clone());
+    let staging = TempDir::new("staging");
+    let m = rw(
+        &server,
+        &b,
+        &staging.0,
+        "[write]\nmax_copy_size = \"5MiB\"\n",
+    );
+    let refused = |m: &Mount| {
+        // As `mv` does: the new name is checked first (a negative answer).
+        assert!(!m.p("e").exists());
+        // d/1 is copied by CopyObject, d/2 by UploadPartCopy: refused.
+        server.fail_next("UploadPartCopy", 403, 1);
+        assert!(std::fs::rename(m.p("d"), m.p("e")).is_err());
+    };
+    refused(&m);
+    let mut keys = server.keys(&b);
+    keys.sort();
+    assert_eq!(keys, vec!["d/1", "d/2"], "the copy of d/1 was not undone");
+    assert_eq!(names(&m.path()), vec!["d"]);
+    assert!(!m.p("e").exists());
+    assert_eq!(std::fs::read(m.p("d/2")).unwrap(), big);
+    // The undo fails too: e/1 stays in S3, and the mount shows it.
+    server.fail_next("DeleteObject", 500, 1_000);
+    refused(&m);
+    server.fail_next("DeleteObject", 500, 0);
+    assert!(server.get(&b, "e/1").is_some());
+    assert_eq!(names(&m.path()), vec!["d", "e"]);
+    assert!(m.p("e").is_dir(), "listed but not found: {}", m.log());
+    assert_eq!(std::fs::read_to_string(m.p("e/1")).unwrap(), "one");
+    assert_eq!(std::fs::read(m.p("d/2")).unwrap(), big);
+}
+
 /// Uploads with signed payloads (`s3.sign_payload = true`, for servers that
 /// refuse UNSIGNED-PAYLOAD) land byte-exact too: a PUT and a multipart upload.
 #[test]

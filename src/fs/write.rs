@@ -976,7 +976,7 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
             let mut copied = HashMap::new();
             for o in &objects {
                 let target = format!("{to}{}", &o.key[from.len()..]);
-                let etag = crate::store::copy_object(
+                let copy = crate::store::copy_object(
                     &*self.store,
                     &o.key,
                     &o.etag,
@@ -984,8 +984,16 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
                     &target,
                     w.max_copy_size(),
                 )
-                .await?;
-                copied.insert(target, etag);
+                .await;
+                match copy {
+                    Ok(etag) => {
+                        copied.insert(target, etag);
+                    }
+                    Err(e) => {
+                        self.undo_copies(copied.keys()).await;
+                        return Err(e);
+                    }
+                }
             }
             for o in &objects {
                 self.store.delete(&o.key).await?;
@@ -1000,6 +1008,19 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         let copied = res?;
         w.rename_dir(from, to)?;
         Ok(copied)
+    }
+
+    /// Deletes the copies a directory rename made before one failed, so
+    /// that the failed rename leaves S3 as it was (the new name had no
+    /// keys: it was missing or an empty directory). A delete that fails is
+    /// logged: that copy stays, and listings show it under the new name.
+    async fn undo_copies(&self, copies: impl Iterator<Item = &String>) {
+        for key in copies {
+            if let Err(e) = self.store.delete(key).await {
+                tracing::warn!(key = %key.escape_debug(),
+                    "a directory rename failed and the copy it made could not be deleted: {e}");
+            }
+        }
     }
 }
 
