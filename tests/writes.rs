@@ -960,6 +960,27 @@ fn a_passthrough_writer_past_the_staging_limit_loses_nothing() {
     assert!(server().get(&b, "a.bin").unwrap() == big);
 }
 
+/// Passthrough writers one after another, each closed before the next
+/// opens (the kernel sends a close's release later, on its own): the one
+/// that opens with staging past its limit is refused, even when the
+/// previous writer's release has not reached lakemount yet.
+#[test]
+fn sequential_passthrough_writers_stop_at_the_staging_limit() {
+    let (_b, _staging, m) = small_staging("w-pt-seq", true);
+    for round in 0..5 {
+        let dir = format!("r{round}");
+        std::fs::create_dir(m.p(&dir)).unwrap();
+        let written: Vec<bool> = (0..4)
+            .map(|i| std::fs::write(m.p(&format!("{dir}/{i}.bin")), data(600_000, i)).is_ok())
+            .collect();
+        // 0 under the limit, 1 let in under it and past it, 2 and 3 refused.
+        assert_eq!(written, vec![true, true, false, false], "round {round}");
+        for i in 0..4 {
+            let _ = std::fs::remove_file(m.p(&format!("{dir}/{i}.bin")));
+        }
+    }
+}
+
 /// With a data cache, an uploaded file becomes an ordinary cached object:
 /// it is read after its upload, and after a remount on the same cache,
 /// with no GET (a large file and a small, packed one).
