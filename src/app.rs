@@ -468,11 +468,22 @@ impl Mounted {
                 config.read.part_size as usize,
                 (config.read.budget_bytes() / 8).min(MAX_IDLE as u64) as usize,
             );
-            let store = S3Store::new(&source.bucket, &config.s3)
-                .await?
-                .with_buffer_pool(pool);
-            probe(&store, source, config).await?;
-            anyhow::Ok(store)
+            let mut s3 = config.s3.clone();
+            let mut store = S3Store::new(&source.bucket, &s3).await?;
+            let mut listed = probe_list(&store, source).await;
+            // Signed for a region the server refused, and none was given:
+            // the one its answer names.
+            if s3.region.is_none()
+                && let Err(StoreError::WrongRegion { expected, .. }) = &listed
+            {
+                info!(region = %expected,
+                    "the bucket's region, as the server named it (--region {expected} saves this request)");
+                s3.region = Some(expected.clone());
+                store = S3Store::new(&source.bucket, &s3).await?;
+                listed = probe_list(&store, source).await;
+            }
+            listed.map_err(|e| probe_failure(e, source, config))?;
+            anyhow::Ok(store.with_buffer_pool(pool))
         })?;
         let cache = {
             let _rt = rt.enter();
@@ -819,73 +830,84 @@ fn fuse_config(source: &Source, config: &Config) -> fuser::Config {
 }
 
 /// One ListObjectsV2 of at most one key under the prefix: proves the endpoint
-/// answers, the bucket exists and listing is allowed, before mounting.
-async fn probe(store: &S3Store, source: &Source, config: &Config) -> anyhow::Result<()> {
+/// answers, the bucket exists and listing is allowed, before mounting (an
+/// empty answer is warned about). Errors: the store's.
+async fn probe_list(store: &S3Store, source: &Source) -> Result<(), StoreError> {
+    let page = store
+        .list_page(&source.prefix, Some("/"), None, None, 1)
+        .await?;
+    if page.objects.is_empty() && page.common_prefixes.is_empty() {
+        warn!(
+            "s3://{}/{} holds no objects: the mount will be empty (is the prefix right?)",
+            source.bucket, source.prefix
+        );
+    }
+    Ok(())
+}
+
+/// Why the mount cannot start, from the error of [`probe_list`]: what
+/// failed and what to check.
+fn probe_failure(err: StoreError, source: &Source, config: &Config) -> anyhow::Error {
     let endpoint = config
         .s3
         .endpoint_url
         .clone()
         .unwrap_or_else(|| "AWS S3".to_string());
-    match store
-        .list_page(&source.prefix, Some("/"), None, None, 1)
-        .await
-    {
-        Ok(page) => {
-            if page.objects.is_empty() && page.common_prefixes.is_empty() {
-                warn!(
-                    "s3://{}/{} holds no objects: the mount will be empty (is the prefix right?)",
-                    source.bucket, source.prefix
-                );
-            }
-            Ok(())
-        }
-        Err(StoreError::NoSuchBucket) => {
-            bail!("bucket {:?} does not exist at {endpoint}", source.bucket)
+    match err {
+        StoreError::NoSuchBucket => {
+            anyhow::anyhow!("bucket {:?} does not exist at {endpoint}", source.bucket)
         }
         // A 404 without S3's NoSuchBucket code: often not an S3 endpoint at all.
-        Err(StoreError::ListNotFound(_)) => bail!(
+        StoreError::ListNotFound(_) => anyhow::anyhow!(
             "{endpoint} answered 404 Not Found to ListObjectsV2 of bucket {:?}, without the S3 \
              error code NoSuchBucket: check that it is an S3 endpoint (--endpoint-url) and the \
              bucket name",
             source.bucket
         ),
-        Err(StoreError::NoCredentials(m)) => bail!(
+        StoreError::NoCredentials(m) => anyhow::anyhow!(
             "no AWS credentials found for {endpoint} (looked in AWS_ACCESS_KEY_ID/\
              AWS_SECRET_ACCESS_KEY, the shared profile, web identity, instance metadata: {m}); \
              set them, pass --profile, or use --no-sign-request for a public bucket"
         ),
-        Err(StoreError::AccessDenied(m)) if config.s3.no_sign_request => bail!(
+        StoreError::AccessDenied(m) if config.s3.no_sign_request => anyhow::anyhow!(
             "access denied listing s3://{}/{} at {endpoint} with unsigned requests \
              (--no-sign-request) ({m}): the bucket is not public; drop --no-sign-request and \
              give credentials",
             source.bucket,
             source.prefix
         ),
-        Err(StoreError::AccessDenied(m)) => bail!(
+        StoreError::AccessDenied(m) => anyhow::anyhow!(
             "access denied listing s3://{}/{} at {endpoint} ({m}); check the credentials \
              (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, --profile) or use --no-sign-request \
              for a public bucket",
             source.bucket,
             source.prefix
         ),
-        Err(StoreError::Transient(m)) if m.starts_with("loading AWS credentials") => {
-            bail!(
+        StoreError::Transient(m) if m.starts_with("loading AWS credentials") => {
+            anyhow::anyhow!(
                 "{m} (listing s3://{}/{} at {endpoint})",
                 source.bucket,
                 source.prefix
             )
         }
-        Err(StoreError::Transient(m)) | Err(StoreError::Throttled(m)) => {
-            bail!("cannot reach S3 endpoint {endpoint}: {m}")
+        StoreError::Transient(m) | StoreError::Throttled(m) => {
+            anyhow::anyhow!("cannot reach S3 endpoint {endpoint}: {m}")
         }
         // An answer that is no S3 answer at all: another service on that port.
-        Err(StoreError::Other(m)) if m.contains("no S3 error code") => bail!(
+        StoreError::Other(m) if m.contains("no S3 error code") => anyhow::anyhow!(
             "listing s3://{}/{} at {endpoint}: {m}: check that it is an S3 endpoint \
              (--endpoint-url)",
             source.bucket,
             source.prefix
         ),
-        Err(e) => bail!(
+        StoreError::WrongRegion { expected, message } => anyhow::anyhow!(
+            "listing s3://{}/{} at {endpoint}: the server expects requests signed for region \
+             {expected:?}, not {:?} ({message}): set --region {expected} (or [s3] region)",
+            source.bucket,
+            source.prefix,
+            config.s3.region.as_deref().unwrap_or_default()
+        ),
+        e => anyhow::anyhow!(
             "listing s3://{}/{} at {endpoint}: {e}",
             source.bucket,
             source.prefix

@@ -680,3 +680,35 @@ fn profile_credentials_stay_out_of_the_log() {
     );
     assert!(!log.contains("access_key_id"), "key ID in the log:\n{log}");
 }
+
+/// A strict server refuses requests signed for another region than its
+/// own and names that one: with no region given, the mount takes it (as
+/// for a Garage or an AWS bucket elsewhere); with a wrong one given, the
+/// mount fails and says which to set.
+#[test]
+fn the_region_a_strict_server_names_is_used_when_none_is_given() {
+    let srv = private_server();
+    let b = bucket_on(&srv, "region");
+    srv.put(&b, "dir/a", "from eu-test-1");
+    srv.require_region(Some("eu-test-1"));
+    let m = MountSpec::new(&b).server(&srv).mount();
+    assert_eq!(
+        std::fs::read_to_string(m.p("dir/a")).unwrap(),
+        "from eu-test-1",
+        "{}",
+        m.log()
+    );
+    assert!(m.log().contains("the bucket's region"), "{}", m.log());
+    drop(m);
+    let dir = TempDir::new("region");
+    let o = run(lakemount_cmd(&srv.endpoint())
+        .args(["mount", &format!("s3://{b}"), "--region", "us-west-2"])
+        .arg(&dir.0));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let r = reason(&o);
+    assert!(
+        r.contains("\"eu-test-1\"") && r.contains("--region eu-test-1"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -100,6 +100,7 @@ impl FsError {
                 | StoreError::InvalidRange
                 | StoreError::Throttled(_)
                 | StoreError::Transient(_)
+                | StoreError::WrongRegion { .. }
                 | StoreError::Other(_) => libc::EIO,
             },
         }

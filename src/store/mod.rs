@@ -95,6 +95,16 @@ pub enum StoreError {
     /// Network failure, timeout or server fault (5xx) that outlasted the retries.
     #[error("transient failure: {0}")]
     Transient(String),
+    /// The request was signed for another region than the bucket's, which
+    /// the answer names (AuthorizationHeaderMalformed, or a 301
+    /// PermanentRedirect): `expected`, and the server's message.
+    #[error("{message} (the server names region {expected:?})")]
+    WrongRegion {
+        /// The region the server asks for.
+        expected: String,
+        /// The server's answer, as status, code and message.
+        message: String,
+    },
     /// Anything else the server or client reported.
     #[error("{0}")]
     Other(String),

@@ -423,7 +423,18 @@ where
                 None if !code.is_empty() => format!("{status} {code}"),
                 None => no_s3_error(status, se.raw(), se.err()),
             };
+            let wrong_region = (status == 301
+                || matches!(
+                    code.as_str(),
+                    "AuthorizationHeaderMalformed" | "PermanentRedirect"
+                ))
+            .then(|| region_named(se.raw(), se.err().message().unwrap_or("")))
+            .flatten();
             let mapped = match (status, code.as_str()) {
+                _ if let Some(expected) = wrong_region => StoreError::WrongRegion {
+                    expected,
+                    message: msg.trim().to_string(),
+                },
                 (_, "NoSuchBucket") => StoreError::NoSuchBucket,
                 (_, "NoSuchUpload") => StoreError::NoSuchUpload,
                 (404, _) | (_, "NoSuchKey") => StoreError::NotFound,
@@ -458,6 +469,32 @@ where
 /// the SDK could not read as the operation's answer or as an S3 error: not
 /// an S3 endpoint, a proxy's page, a body cut short): the status and its
 /// reason, what the SDK said, and how the body begins.
+/// The region an answer to a request signed for the wrong one names: its
+/// `x-amz-bucket-region` header (AWS), the `<Region>` of its error body
+/// (AWS, Garage, MinIO), or `expecting 'R'` in its message (AWS, MinIO).
+fn region_named(raw: &HttpResponse, message: &str) -> Option<String> {
+    let valid = |r: &str| {
+        let r = r.trim();
+        (!r.is_empty()
+            && r.len() <= 64
+            && r.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+        .then(|| r.to_string())
+    };
+    if let Some(r) = raw.headers().get("x-amz-bucket-region").and_then(valid) {
+        return Some(r);
+    }
+    let body = raw.body().bytes().map(String::from_utf8_lossy);
+    if let Some(r) = body.as_deref().and_then(|b| {
+        let start = b.find("<Region>")? + "<Region>".len();
+        valid(&b[start..start + b[start..].find("</Region>")?])
+    }) {
+        return Some(r);
+    }
+    let start = message.find("expecting '")? + "expecting '".len();
+    valid(&message[start..start + message[start..].find('\'')?])
+}
+
 fn no_s3_error(status: u16, raw: &HttpResponse, err: &(dyn std::error::Error + 'static)) -> String {
     let reason = http::StatusCode::from_u16(status)
         .ok()
@@ -859,7 +896,47 @@ pub(super) fn content_range_start(value: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::{content_range_start, url_decode};
+    use super::{HttpResponse, content_range_start, region_named, url_decode};
+    use aws_smithy_types::body::SdkBody;
+
+    fn answer(header: Option<&str>, body: &str) -> HttpResponse {
+        let mut r = HttpResponse::new(400.try_into().unwrap(), SdkBody::from(body.to_string()));
+        if let Some(h) = header {
+            r.headers_mut().insert("x-amz-bucket-region", h.to_string());
+        }
+        r
+    }
+
+    #[test]
+    fn the_region_an_answer_names_is_found_where_servers_put_it() {
+        // AWS: the header (a 301, or a 400 to a HEAD).
+        assert_eq!(
+            region_named(&answer(Some("eu-west-1"), ""), "").as_deref(),
+            Some("eu-west-1")
+        );
+        // Garage: the error's <Region>, the message names none.
+        let garage = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>\
+            AuthorizationHeaderMalformed</Code><Message>Authorization header malformed, \
+            unexpected scope: 20261206/us-east-1/s3/aws4_request</Message><Resource>/b\
+            </Resource><Region>garage</Region></Error>";
+        assert_eq!(
+            region_named(&answer(None, garage), "unexpected scope").as_deref(),
+            Some("garage")
+        );
+        // AWS and MinIO: "expecting 'R'" in the message.
+        let msg = "The authorization header is malformed; the region 'us-east-1' is wrong; \
+                   expecting 'ap-south-1'";
+        assert_eq!(
+            region_named(&answer(None, ""), msg).as_deref(),
+            Some("ap-south-1")
+        );
+        // Nothing named, or nothing that can be a region.
+        assert_eq!(region_named(&answer(None, "<Error/>"), "malformed"), None);
+        assert_eq!(
+            region_named(&answer(Some("a b<"), "<Region></Region>"), "expecting ''"),
+            None
+        );
+    }
 
     #[test]
     fn content_range_first_byte() {

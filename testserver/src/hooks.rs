@@ -36,6 +36,9 @@ pub struct Hooks {
     /// Per operation: how many more requests are carried out and then
     /// answered 500, as if the answer were lost.
     lost: Mutex<HashMap<String, u32>>,
+    /// The region requests must be signed for, as a strict server checks;
+    /// `None`: any.
+    region: Mutex<Option<String>>,
     delays: Mutex<Vec<Delay>>,
     cuts: Mutex<Vec<Cut>>,
     /// GetObject body bytes sent since the last reset (of a broken body, the
@@ -162,6 +165,13 @@ impl Hooks {
         } else {
             l.insert(op.to_owned(), times);
         }
+    }
+
+    /// From now on requests signed for another region than `region` are
+    /// refused (400 AuthorizationHeaderMalformed, naming the region
+    /// expected in the message, as AWS and MinIO do); `None`: any region.
+    pub fn require_region(&self, region: Option<&str>) {
+        *lock(&self.region) = region.map(str::to_owned);
     }
 
     /// Whether this request of `op`, carried out, must be answered as a
@@ -347,6 +357,14 @@ fn request_key(cx: &S3AccessContext<'_>) -> String {
     }
 }
 
+/// The region of the credential scope of a SigV4 `Authorization` header
+/// (`Credential=KEY/DATE/REGION/s3/aws4_request`).
+fn signed_region(headers: &http::HeaderMap) -> Option<String> {
+    let auth = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let cred = auth.split("Credential=").nth(1)?.split(',').next()?;
+    cred.split('/').nth(2).map(str::to_owned)
+}
+
 /// s3s access hook: counts, delays, injects failures, then requires a signature.
 pub struct HookAccess {
     pub(crate) hooks: std::sync::Arc<Hooks>,
@@ -367,6 +385,22 @@ impl S3Access for HookAccess {
             Some(KeyFault::Status(status)) => return Err(injected_error(status)),
             Some(KeyFault::Hold(d)) => tokio::time::sleep(d).await,
             None => {}
+        }
+        let required = lock(&self.hooks.region).clone();
+        if let Some(want) = required {
+            let signed = signed_region(cx.headers());
+            if signed.as_deref() != Some(want.as_str()) {
+                let mut err = S3Error::with_message(
+                    S3ErrorCode::AuthorizationHeaderMalformed,
+                    format!(
+                        "The authorization header is malformed; the region '{}' is wrong; \
+                         expecting '{want}'",
+                        signed.unwrap_or_default()
+                    ),
+                );
+                err.set_status_code(http::StatusCode::BAD_REQUEST);
+                return Err(err);
+            }
         }
         match cx.credentials() {
             Some(_) => Ok(()),

@@ -392,6 +392,13 @@ impl TestServer {
             .break_bodies(key_prefix, after, stall, times);
     }
 
+    /// From now on requests signed for another region than `region` are
+    /// refused with 400 AuthorizationHeaderMalformed naming the region
+    /// expected, as strict servers do; `None` (the default): any region.
+    pub fn require_region(&self, region: Option<&str>) {
+        self.inner.hooks.require_region(region);
+    }
+
     /// The next `times` requests of `op` are carried out and then answered
     /// 500, as if their answers were lost (CreateMultipartUpload only).
     pub fn lose_answers(&self, op: &str, times: u32) {
