@@ -90,6 +90,41 @@ fn stats_json_counts_a_known_read_exactly() {
     assert!(text.contains("S3 GET"), "{text}");
 }
 
+/// Small files a loader reads from the page cache lakemount filled at their
+/// open count as read: in the bytes to readers, not as read-ahead dropped
+/// unread; and once they are read and closed the memory budget shows
+/// nothing in use, not what the last read held.
+#[test]
+fn stats_count_page_cache_fills_as_read_and_memory_as_it_is() {
+    let b = bucket("stats-fills");
+    let n = 8;
+    let len = 100_000;
+    for i in 0..n {
+        server().put(&b, &format!("d/{i}.jpg"), data(len, 40 + i as u64));
+    }
+    let m = MountSpec::new(&b).mount();
+    for i in 0..n {
+        assert_eq!(
+            std::fs::read(m.p(&format!("d/{i}.jpg"))).unwrap(),
+            data(len, 40 + i as u64)
+        );
+    }
+    wait_for(Duration::from_secs(10), || {
+        stats_json(&m.path())["read_ahead"]["memory_in_use_bytes"] == 0
+    })
+    .unwrap_or_else(|| panic!("memory still in use: {:#}", stats_json(&m.path())));
+    let v = stats_json(&m.path());
+    let r = &v["read"];
+    let to_readers =
+        r["fuse_read_bytes"].as_u64().unwrap() + r["page_cache_fill_bytes"].as_u64().unwrap();
+    assert_eq!(to_readers, (n * len) as u64, "{v:#}");
+    assert!(
+        r["page_cache_fill_bytes"].as_u64().unwrap() > 0,
+        "no fill: {v:#}"
+    );
+    assert_eq!(v["read_ahead"]["waste_bytes"], 0, "{v:#}");
+}
+
 /// The SDK's own retries (a LIST answered 503 once) count in the stats as
 /// a GET's do; they used to show 0 for every request type but GET.
 #[test]

@@ -743,9 +743,9 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         let mut fill = None;
         if let Some(small) = self.small.as_ref().filter(|s| s.is_small(attr.size)) {
             match small.take(&attr.key, &attr.etag, attr.size) {
-                Taken::Prefetched(part) => {
+                Taken::Prefetched(mut part) => {
                     if may_fill {
-                        fill = part.whole_now(attr.size);
+                        fill = part.whole_for_page_cache(attr.size);
                     }
                     reader = reader.with_whole_object(part);
                 }

@@ -361,6 +361,9 @@ pub(super) fn fill_page_cache(notifier: &Notifier, ino: u64, bytes: &bytes::Byte
     };
     let result = if ok { "ok" } else { "failed" };
     metrics::counter!(m::PAGE_CACHE_FILLS, "result" => result).increment(1);
+    if ok {
+        metrics::counter!(m::PAGE_CACHE_FILL_BYTES).increment(bytes.len() as u64);
+    }
     ok
 }
 

@@ -49,6 +49,9 @@ struct Inner {
     overdraft: AtomicU64,
     /// Open readers sharing the budget.
     readers: AtomicUsize,
+    /// Held while the gauge of bytes in use is set, so that the last change
+    /// sets the last value.
+    gauge: std::sync::Mutex<()>,
 }
 
 /// Bytes held against the budget; returned on drop.
@@ -61,12 +64,15 @@ pub struct Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
+        // Given back before the gauge is set, not after this returns.
+        drop(self._permit.take());
         if self.overdraft > 0 {
             self.budget
                 .inner
                 .overdraft
                 .fetch_sub(self.overdraft, Ordering::Relaxed);
         }
+        self.budget.report();
     }
 }
 
@@ -84,6 +90,7 @@ impl MemoryBudget {
                 total: permits as u64 * UNIT,
                 overdraft: AtomicU64::new(0),
                 readers: AtomicUsize::new(0),
+                gauge: std::sync::Mutex::new(()),
             }),
         }
     }
@@ -112,6 +119,7 @@ impl MemoryBudget {
             .clone()
             .try_acquire_many_owned(units(bytes))
             .ok()?;
+        self.report();
         Some(Reservation {
             _permit: Some(permit),
             overdraft: 0,
@@ -119,11 +127,20 @@ impl MemoryBudget {
         })
     }
 
+    /// Sets the gauge of bytes in use (`lakemount_prefetch_memory_bytes`) to
+    /// what they are now: at every reservation and every return, so an idle
+    /// mount shows what it still holds, not what its last read held.
+    fn report(&self) {
+        let _one = self.inner.gauge.lock().unwrap();
+        metrics::gauge!(crate::telemetry::metrics::PREFETCH_MEMORY_BYTES).set(self.in_use() as f64);
+    }
+
     /// Reserves `bytes` for a part a reader waits for: from the budget when they
     /// fit, else as overdraft. Never waits.
     pub fn reserve_demand(&self, bytes: u64) -> Reservation {
         self.try_reserve(bytes).unwrap_or_else(|| {
             self.inner.overdraft.fetch_add(bytes, Ordering::Relaxed);
+            self.report();
             Reservation {
                 _permit: None,
                 overdraft: bytes,

@@ -146,11 +146,15 @@ impl Part {
         self.wanted()
     }
 
-    /// The part's bytes as one buffer when its GET has ended with all `size`
-    /// of them (a copy only when they came in several segments).
-    pub(crate) fn whole_now(&self, size: u64) -> Option<Bytes> {
+    /// The part's bytes as one buffer for the kernel's page cache, when its
+    /// GET has ended with all `size` of them (a copy only when they came in
+    /// several segments): counted as handed to a reader, since the reader
+    /// reads them from there.
+    pub(crate) fn whole_for_page_cache(&mut self, size: u64) -> Option<Bytes> {
         let segs = self.bytes()?;
-        (segs.len() as u64 == size).then(|| segs.slice(0, segs.len()))
+        let whole = (segs.len() as u64 == size).then(|| segs.slice(0, segs.len()))?;
+        self.delivered = size;
+        Some(whole)
     }
 
     /// Bytes of the part's finished GET, if it succeeded.

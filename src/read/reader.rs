@@ -423,7 +423,6 @@ impl<S: ObjectStore> Reader<S> {
                 s.trim_behind(s.last_end, keep_behind);
             }
         }
-        metrics::gauge!(m::PREFETCH_MEMORY_BYTES).set(self.budget.in_use() as f64);
         wanted
     }
 

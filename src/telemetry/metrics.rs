@@ -71,6 +71,9 @@ pub const FUSE_DIRECT_IO_OPENS: &str = "lakemount_fuse_direct_io_opens_total";
 /// without opens (`read.no_open`, with a data cache), as small-object
 /// read-ahead fetches them.
 pub const PAGE_CACHE_FILLS: &str = "lakemount_page_cache_fills_total";
+/// Counter: bytes of the objects of [`PAGE_CACHE_FILLS`] with `result` ok:
+/// read by their readers from the page cache, with no read request.
+pub const PAGE_CACHE_FILL_BYTES: &str = "lakemount_page_cache_fill_bytes_total";
 /// Counter: objects pushed to the page cache whose kernel attributes were
 /// made stale (FUSE_NOTIFY_INVAL_INODE, pages kept), so that a loader that
 /// sends no request per file sends a GETATTR or LOOKUP for each
@@ -235,6 +238,7 @@ pub fn register_alarm_series(cache: bool, writable: bool) {
     metrics::counter!(PREFETCH_UNUSED_BYTES).increment(0);
     metrics::counter!(S3_GET_BYTES).increment(0);
     metrics::counter!(FUSE_READ_BYTES).increment(0);
+    metrics::counter!(PAGE_CACHE_FILL_BYTES).increment(0);
     if cache {
         metrics::counter!(CACHE_BAD_PIECES).increment(0);
         metrics::counter!(CACHE_EVICTIONS).increment(0);

@@ -187,6 +187,7 @@ pub fn stats(metrics: &str, info: &MountInfo, uptime_secs: f64) -> Value {
         "uptime_secs": uptime_secs,
         "read": {
             "fuse_read_bytes": s.sum(m::FUSE_READ_BYTES, &[]),
+            "page_cache_fill_bytes": s.sum(m::PAGE_CACHE_FILL_BYTES, &[]),
             "s3_get_bytes": s.sum(m::S3_GET_BYTES, &[]),
             "served_bytes": { "memory": mem, "disk": disk, "s3": s3 },
             "hit_ratio": hit_ratio,
