@@ -27,6 +27,21 @@ use lakemount_testserver::{ACCESS_KEY, REGION, SECRET_KEY, TestServer};
 const USAGE: &str = "usage: lakemount-testserver [--port N] [--bucket NAME]... [--populate-demo] \
                      [--tls] [--stats-port N] [--ttfb-ms MS] [--ttfb-ops OP,OP...]";
 
+/// What `--help` says after the usage line.
+const HELP: &str = "An in-memory S3 server on loopback (for tests, the demo and the benchmark);
+everything is lost when it stops. Prints endpoint=URL and the credentials to
+use, then serves until killed.
+
+  --port N          listen on 127.0.0.1:N (default: a free port)
+  --bucket NAME     create the bucket (repeatable)
+  --populate-demo   fill every bucket with a small sample tree
+  --tls             serve HTTPS with a generated CA (printed as ca=PATH)
+  --stats-port N    plain HTTP on N answers with the request counters
+  --ttfb-ms MS      delay each read request's answer by MS (a real server's
+                    time to first byte)
+  --ttfb-ops LIST   the operations --ttfb-ms delays (default: GetObject,
+                    HeadObject, ListObjectsV2, ListObjects)";
+
 /// Operations `--ttfb-ms` delays unless `--ttfb-ops` says otherwise: what a
 /// reader sends (PUTs of the upload stay fast).
 const TTFB_OPS: &[&str] = &["GetObject", "HeadObject", "ListObjectsV2", "ListObjects"];
@@ -94,7 +109,10 @@ fn parse_args() -> Result<Args, String> {
                     .collect()
             }
             "--tls" => args.tls = true,
-            "-h" | "--help" => return Err(USAGE.to_owned()),
+            "-h" | "--help" => {
+                println!("{USAGE}\n\n{HELP}");
+                std::process::exit(0);
+            }
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
     }
