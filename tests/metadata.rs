@@ -324,11 +324,16 @@ fn lookups_in_a_directory_over_max_dir_entries_list_one_name_not_the_directory()
         assert_eq!(len as usize, (3 + i * 24) % 11);
     }
     assert_eq!((lists(&s), heads(&s)), (5 + 200, 0), "200 lookups");
-    // A directory past 40 keys of its name's (2 pages), a shadowed file,
+    // A directory past 40 keys of its name's (the first page, then a LIST
+    // of `sub/`), a shadowed file,
     // a missing name (then negative-cached).
     let before = lists(&s);
     assert!(std::fs::metadata(m.p("big/sub")).unwrap().is_dir());
-    assert_eq!(lists(&s), before + 2, "big/sub: two pages of 32 keys");
+    assert_eq!(
+        lists(&s),
+        before + 2,
+        "big/sub: a page of 32 keys, then sub/"
+    );
     assert_eq!(std::fs::read_to_string(m.p("big/sub.07")).unwrap(), "dot");
     assert!(std::fs::metadata(m.p("big/shadow")).unwrap().is_dir());
     assert_eq!(std::fs::read_to_string(m.p("big/sub/inner")).unwrap(), "i");

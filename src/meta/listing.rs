@@ -119,18 +119,20 @@ pub async fn list_dir_upto<S: ObjectStore>(
     Ok(Some(finalize(prefix, entries)))
 }
 
-/// Keys asked for per page by [`find_one`]: the entry wanted comes first
-/// or after the few keys that extend its name with a byte below `/`.
+/// Keys asked for by [`find_one`]'s first request: the entry wanted comes
+/// first or after the few keys that extend its name with a byte below `/`.
 const FIND_ONE_PAGE: i32 = 32;
 
-/// Looks up `name` in the directory at `prefix` with ListObjectsV2 of the
-/// key `prefix + name` as prefix (delimiter `/`), not of the whole
-/// directory: one request of a few keys whatever the directory's size. In
-/// key order the object `name` comes first, then keys extending the name
-/// with a byte below `/` (`name.bak`, `name-1`), then the common prefix
-/// `name/`; the pages stop once past it. `name/` makes it a directory
-/// (shadowing an object `name`, with a warning, as in [`list_dir`]); a
-/// name that cannot be a POSIX name is not found. Errors: the store's.
+/// Looks up `name` in the directory at `prefix` without listing the
+/// directory: ListObjectsV2 of the key `prefix + name` as prefix (delimiter
+/// `/`, [`FIND_ONE_PAGE`] keys). In key order the object `name` comes
+/// first, then keys extending the name with a byte below `/` (`name.bak`,
+/// `name-1`), then the common prefix `name/`. When that first page ends
+/// before `name/` could come (many such keys), one more ListObjectsV2 of
+/// `name/` with MaxKeys 1 tells whether it is a directory: at most 2
+/// requests whatever the directory holds. `name/` makes it a directory
+/// (shadowing an object `name`, with a warning, as in [`list_dir`]); a name
+/// that cannot be a POSIX name is not found. Errors: the store's.
 pub async fn find_one<S: ObjectStore>(
     store: &S,
     prefix: &str,
@@ -141,50 +143,49 @@ pub async fn find_one<S: ObjectStore>(
     }
     let key = format!("{prefix}{name}");
     let sub = format!("{key}/");
-    let mut file = None;
-    let mut token = None;
-    loop {
-        let page = store
-            .list_page(&key, Some("/"), token, None, FIND_ONE_PAGE)
-            .await?;
-        let mut past = false;
-        for obj in page.objects {
-            if obj.key == key {
-                file = Some(ListedEntry {
-                    name: name.to_string(),
-                    kind: EntryKind::File,
-                    size: obj.size,
-                    etag: obj.etag,
-                    mtime: Some(obj.last_modified),
-                });
-            } else if obj.key.as_str() > sub.as_str() {
-                past = true;
-            }
-        }
-        for cp in &page.common_prefixes {
-            if *cp == sub {
-                if file.is_some() {
-                    warn!(key = %key.escape_debug(),
-                        "object shadowed by a directory of the same name; only the directory is shown");
-                    metrics::counter!(m::KEYS_SKIPPED, "reason" => "shadowed").increment(1);
-                }
-                return Ok(Some(ListedEntry {
-                    name: name.to_string(),
-                    kind: EntryKind::Dir,
-                    size: 0,
-                    etag: String::new(),
-                    mtime: None,
-                }));
-            }
-            if cp.as_str() > sub.as_str() {
-                past = true;
-            }
-        }
-        token = page.next_token;
-        if past || token.is_none() {
-            return Ok(file);
-        }
+    let page = store
+        .list_page(&key, Some("/"), None, None, FIND_ONE_PAGE)
+        .await?;
+    // The object sorts before every other key with its name as prefix.
+    let file = page
+        .objects
+        .iter()
+        .find(|o| o.key == key)
+        .map(|o| ListedEntry {
+            name: name.to_string(),
+            kind: EntryKind::File,
+            size: o.size,
+            etag: o.etag.clone(),
+            mtime: Some(o.last_modified),
+        });
+    let past = page.objects.iter().any(|o| o.key.as_str() > sub.as_str())
+        || page
+            .common_prefixes
+            .iter()
+            .any(|cp| cp.as_str() > sub.as_str());
+    let dir = if page.common_prefixes.contains(&sub) {
+        true
+    } else if past || page.next_token.is_none() {
+        false
+    } else {
+        let under = store.list_page(&sub, None, None, None, 1).await?;
+        !under.objects.is_empty() || !under.common_prefixes.is_empty()
+    };
+    if !dir {
+        return Ok(file);
     }
+    if file.is_some() {
+        warn!(key = %key.escape_debug(),
+            "object shadowed by a directory of the same name; only the directory is shown");
+        metrics::counter!(m::KEYS_SKIPPED, "reason" => "shadowed").increment(1);
+    }
+    Ok(Some(ListedEntry {
+        name: name.to_string(),
+        kind: EntryKind::Dir,
+        size: 0,
+        etag: String::new(),
+        mtime: None,
+    }))
 }
 
 /// Sorts `entries` of the directory at `prefix` by name bytes and keeps each

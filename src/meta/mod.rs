@@ -326,7 +326,7 @@ impl<S: ObjectStore> Meta<S> {
                 None => {
                     if !self.huge.contains_key(prefix) {
                         warn!(prefix = %prefix.escape_debug(), max_dir_entries = limit,
-                            "directory too large to cache: lookups in it use HeadObject");
+                            "directory too large to cache: lookups in it list the name alone");
                         metrics::counter!(m::META_HUGE_DIRS).increment(1);
                         self.huge.insert(prefix.to_string(), ());
                     }
