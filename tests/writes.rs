@@ -786,6 +786,15 @@ fn a_directory_rename_that_fails_part_way_is_undone_or_shown_as_it_is() {
     assert!(m.p("e").is_dir(), "listed but not found: {}", m.log());
     assert_eq!(std::fs::read_to_string(m.p("e/1")).unwrap(), "one");
     assert_eq!(std::fs::read(m.p("d/2")).unwrap(), big);
+    // Onto an empty directory that is only a marker, from a directory with
+    // a marker of its own: the undo keeps the target's marker.
+    server.put(&b, "d/", "");
+    server.put(&b, "f/", "");
+    server.fail_next("UploadPartCopy", 403, 1);
+    assert!(std::fs::rename(m.p("d"), m.p("f")).is_err());
+    let mut keys = server.keys(&b);
+    keys.sort();
+    assert_eq!(keys, vec!["d/", "d/1", "d/2", "e/1", "f/"]);
 }
 
 /// Uploads with signed payloads (`s3.sign_payload = true`, for servers that

@@ -972,6 +972,9 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
         for o in &objects {
             w.hide(&o.key);
         }
+        // The directory's own marker (`from` itself) last: an undo below
+        // never deletes a marker the new name had before.
+        objects.sort_by_key(|o| o.key == from);
         let res = async {
             let mut copied = HashMap::new();
             for o in &objects {
@@ -990,7 +993,11 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
                         copied.insert(target, etag);
                     }
                     Err(e) => {
-                        self.undo_copies(copied.keys()).await;
+                        // The failed copy may have landed (its answer
+                        // lost): its key is deleted too, unless it is the
+                        // marker.
+                        let failed = (o.key != from).then_some(&target);
+                        self.undo_copies(copied.keys().chain(failed)).await;
                         return Err(e);
                     }
                 }
@@ -1011,8 +1018,9 @@ impl<S: ObjectStore + WriteStore> Fs<S> {
     }
 
     /// Deletes the copies a directory rename made before one failed, so
-    /// that the failed rename leaves S3 as it was (the new name had no
-    /// keys: it was missing or an empty directory). A delete that fails is
+    /// that the failed rename leaves S3 as it was (the new name had no keys
+    /// but maybe its marker, which is copied last and never deleted here:
+    /// it was missing or an empty directory). A delete that fails is
     /// logged: that copy stays, and listings show it under the new name.
     async fn undo_copies(&self, copies: impl Iterator<Item = &String>) {
         for key in copies {
