@@ -279,46 +279,55 @@ fn a_create_whose_answer_was_lost_leaves_no_pending_upload() {
 
 /// A file whose upload could not reach S3 is uploaded soon after S3
 /// answers again, not at the end of its backoff: the mount probes S3 while
-/// such an upload waits.
+/// such an upload waits. S3 failing with 500 (InternalError) and with 503
+/// (SlowDown, as a MinIO starting up answers).
 #[test]
 fn an_upload_that_could_not_reach_s3_goes_soon_after_s3_is_back() {
-    let server = private_server();
-    let b = bucket_on(&server, "w-back");
-    let staging = TempDir::new("staging");
-    let m = rw(
-        &server,
-        &b,
-        &staging.0,
-        "[write]\nretry_secs = 0.5\nupload_delay_secs = 0\n",
-    );
-    fail_s3(&server, true);
-    let want = data(20_000, 7);
-    std::fs::write(m.p("ck.pt"), &want).unwrap();
-    // Failed tries until the next one waits 8 s or more.
-    let waits = |log: &str| -> Vec<f64> {
-        log.lines()
-            .filter(|l| l.contains("upload failed"))
-            .filter_map(|l| l.split("retry_in_secs=").nth(1))
-            .filter_map(|v| v.split_whitespace().next()?.parse().ok())
-            .collect()
-    };
-    let t = Instant::now();
-    while !waits(&m.log()).iter().any(|&w| w >= 8.0) {
-        assert!(t.elapsed() < Duration::from_secs(60), "{}", m.log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    fail_s3(&server, false);
-    let back = Instant::now();
-    while server.get(&b, "ck.pt").is_none() {
-        assert!(
-            back.elapsed() < Duration::from_secs(5),
-            "not uploaded within 5 s of S3's return: {}",
-            m.log()
+    for status in [500, 503] {
+        let server = private_server();
+        let b = bucket_on(&server, &format!("w-back-{status}"));
+        let staging = TempDir::new("staging");
+        let m = rw(
+            &server,
+            &b,
+            &staging.0,
+            "[write]\nretry_secs = 0.5\nupload_delay_secs = 0\n",
         );
-        std::thread::sleep(Duration::from_millis(50));
+        // Created while S3 answers (a 503 to its lookup would fail the
+        // create), written and closed while it fails.
+        let mut f = std::fs::File::create(m.p("ck.pt")).unwrap();
+        for op in S3_OPS {
+            server.fail_next(op, status, 1_000_000);
+        }
+        let want = data(20_000, 7);
+        f.write_all(&want).unwrap();
+        drop(f);
+        // Failed tries until the next one waits 8 s or more.
+        let waits = |log: &str| -> Vec<f64> {
+            log.lines()
+                .filter(|l| l.contains("upload failed"))
+                .filter_map(|l| l.split("retry_in_secs=").nth(1))
+                .filter_map(|v| v.split_whitespace().next()?.parse().ok())
+                .collect()
+        };
+        let t = Instant::now();
+        while !waits(&m.log()).iter().any(|&w| w >= 8.0) {
+            assert!(t.elapsed() < Duration::from_secs(60), "{}", m.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        fail_s3(&server, false);
+        let back = Instant::now();
+        while server.get(&b, "ck.pt").is_none() {
+            assert!(
+                back.elapsed() < Duration::from_secs(5),
+                "{status}: not uploaded within 5 s of S3's return: {}",
+                m.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(server.get(&b, "ck.pt").unwrap(), want);
+        assert!(m.log().contains("S3 answers again"), "{}", m.log());
     }
-    assert_eq!(server.get(&b, "ck.pt").unwrap(), want);
-    assert!(m.log().contains("S3 answers again"), "{}", m.log());
 }
 
 /// While S3 cannot be reached, checkpoints are still written: a new name

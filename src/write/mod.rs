@@ -179,9 +179,9 @@ struct State {
     stale_keys: Vec<String>,
     /// Consecutive failed tries.
     failures: u32,
-    /// The last try failed because S3 could not be reached
-    /// ([`crate::store::StoreError::Transient`]): S3's return, seen by
-    /// [`Writes::watch_for_return`], retries it at once.
+    /// The last try failed because S3 could not be reached or answered
+    /// 503 ([`crate::store::StoreError::Transient`] or `Throttled`): S3's
+    /// return, seen by [`Writes::watch_for_return`], retries it at once.
     unreachable: bool,
     /// The multipart upload under way (parts sent while the file is still
     /// written, or by an upload interrupted by a change).

@@ -246,7 +246,10 @@ impl<S: ObjectStore + WriteStore> Writes<S> {
                     .saturating_mul(1 << st.failures.min(10))
                     .min(MAX_RETRY);
                 st.failures += 1;
-                st.unreachable = matches!(e, crate::store::StoreError::Transient(_));
+                st.unreachable = matches!(
+                    e,
+                    crate::store::StoreError::Transient(_) | crate::store::StoreError::Throttled(_)
+                );
                 error!(key = %key.escape_debug(), size, staged = %self.staging.data_path(f.id).display(),
                     retry_in_secs = wait.as_secs_f64(),
                     "upload failed; the file stays in staging and is tried again: {e}");
