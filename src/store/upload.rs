@@ -89,10 +89,13 @@ impl S3Store {
                 return;
             }
         };
+        // Without a time of ours (a server that sends none) no upload can
+        // be dated against it: none is aborted.
         let Some(ours) = pending
             .iter()
             .find(|u| u.upload_id == id)
             .map(|u| u.initiated)
+            .filter(|t| *t != SystemTime::UNIX_EPOCH)
         else {
             return;
         };
