@@ -482,7 +482,7 @@ impl Mounted {
                 store = S3Store::new(&source.bucket, &s3).await?;
                 listed = probe_list(&store, source).await;
             }
-            listed.map_err(|e| probe_failure(e, source, config))?;
+            listed.map_err(|e| probe_failure(e, source, config, store.region()))?;
             anyhow::Ok(store.with_buffer_pool(pool))
         })?;
         let cache = {
@@ -845,9 +845,9 @@ async fn probe_list(store: &S3Store, source: &Source) -> Result<(), StoreError> 
     Ok(())
 }
 
-/// Why the mount cannot start, from the error of [`probe_list`]: what
-/// failed and what to check.
-fn probe_failure(err: StoreError, source: &Source, config: &Config) -> anyhow::Error {
+/// Why the mount cannot start, from the error of [`probe_list`] with
+/// requests signed for `region`: what failed and what to check.
+fn probe_failure(err: StoreError, source: &Source, config: &Config, region: &str) -> anyhow::Error {
     let endpoint = config
         .s3
         .endpoint_url
@@ -900,12 +900,11 @@ fn probe_failure(err: StoreError, source: &Source, config: &Config) -> anyhow::E
             source.bucket,
             source.prefix
         ),
-        StoreError::WrongRegion { expected, message } => anyhow::anyhow!(
+        StoreError::WrongRegion { expected, message } if expected != region => anyhow::anyhow!(
             "listing s3://{}/{} at {endpoint}: the server expects requests signed for region \
-             {expected:?}, not {:?} ({message}): set --region {expected} (or [s3] region)",
+             {expected:?}, not {region:?} ({message}): set --region {expected} (or [s3] region)",
             source.bucket,
             source.prefix,
-            config.s3.region.as_deref().unwrap_or_default()
         ),
         e => anyhow::anyhow!(
             "listing s3://{}/{} at {endpoint}: {e}",

@@ -316,6 +316,14 @@ impl S3Store {
     pub fn bucket(&self) -> &str {
         &self.bucket
     }
+
+    /// The region requests are signed for.
+    pub fn region(&self) -> &str {
+        self.client
+            .config()
+            .region()
+            .map_or(FALLBACK_REGION, |r| r.as_ref())
+    }
 }
 
 /// The endpoint URL the SDK's S3 client uses, as its config does it: one set
@@ -465,10 +473,6 @@ where
     }
 }
 
-/// The text of an answer that carries no S3 error code or message (a body
-/// the SDK could not read as the operation's answer or as an S3 error: not
-/// an S3 endpoint, a proxy's page, a body cut short): the status and its
-/// reason, what the SDK said, and how the body begins.
 /// The region an answer to a request signed for the wrong one names: its
 /// `x-amz-bucket-region` header (AWS), the `<Region>` of its error body
 /// (AWS, Garage, MinIO), or `expecting 'R'` in its message (AWS, MinIO).
@@ -495,6 +499,10 @@ fn region_named(raw: &HttpResponse, message: &str) -> Option<String> {
     valid(&message[start..start + message[start..].find('\'')?])
 }
 
+/// The text of an answer that carries no S3 error code or message (a body
+/// the SDK could not read as the operation's answer or as an S3 error: not
+/// an S3 endpoint, a proxy's page, a body cut short): the status and its
+/// reason, what the SDK said, and how the body begins.
 fn no_s3_error(status: u16, raw: &HttpResponse, err: &(dyn std::error::Error + 'static)) -> String {
     let reason = http::StatusCode::from_u16(status)
         .ok()
