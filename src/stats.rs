@@ -150,14 +150,11 @@ fn render(v: &Value, prev: Option<(Duration, &Value)>) -> String {
         Some(h) => format!("{:.1}%", h * 100.0),
         None => "-".into(),
     };
-    // Bytes readers got: by read requests, and from the page cache where
-    // lakemount put them ahead.
-    let to_readers = |r: &Value| num(&r["fuse_read_bytes"]) + num(&r["page_cache_fill_bytes"]);
     out += &format!(
-        "read        {} to readers ({} of them put in their page cache ahead), {} from S3 \
+        "read        {} by read requests, {} put in readers' page cache ahead, {} from S3 \
          GETs; cache hit ratio {ratio} (memory {}, disk {}, S3 {}); {} passthrough opens (the \
          kernel reads those: in no count)\n",
-        human(to_readers(r) as u64),
+        bytes(&r["fuse_read_bytes"]),
         bytes(&r["page_cache_fill_bytes"]),
         bytes(&r["s3_get_bytes"]),
         bytes(&sb["memory"]),
@@ -170,11 +167,8 @@ fn render(v: &Value, prev: Option<(Duration, &Value)>) -> String {
             human(((num(now) - num(before)).max(0.0) / dt.as_secs_f64().max(1e-3)) as u64)
         };
         out += &format!(
-            "rate        {}/s to readers, {}/s from S3\n",
-            human(
-                ((to_readers(r) - to_readers(&p["read"])).max(0.0) / dt.as_secs_f64().max(1e-3))
-                    as u64
-            ),
+            "rate        {}/s by read requests, {}/s from S3\n",
+            rate(&r["fuse_read_bytes"], &p["read"]["fuse_read_bytes"]),
             rate(&r["s3_get_bytes"], &p["read"]["s3_get_bytes"]),
         );
     }

@@ -91,9 +91,10 @@ fn stats_json_counts_a_known_read_exactly() {
 }
 
 /// Small files a loader reads from the page cache lakemount filled at their
-/// open count as read: in the bytes to readers, not as read-ahead dropped
-/// unread; and once they are read and closed the memory budget shows
-/// nothing in use, not what the last read held.
+/// open count as read: the read requests' bytes and the fills' add up to
+/// the files, none as read-ahead dropped unread; and once they are read and
+/// closed the memory budget shows nothing in use, not what the last read
+/// held.
 #[test]
 fn stats_count_page_cache_fills_as_read_and_memory_as_it_is() {
     let b = bucket("stats-fills");
@@ -161,7 +162,7 @@ fn stats_watch_refreshes_with_rates_and_ends_when_its_reader_goes() {
     // Screens start with the terminal clear; from the second on they carry
     // the rates since the one before.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while text.matches("\x1b[2J\x1b[H").count() < 3 || !text.contains("1.91 MiB to readers") {
+    while text.matches("\x1b[2J\x1b[H").count() < 3 || !text.contains("1.91 MiB by read requests") {
         assert!(std::time::Instant::now() < deadline, "{text}");
         let n = stdout.read(&mut buf).unwrap();
         assert!(n > 0, "stats --watch ended early: {text}");

@@ -72,7 +72,8 @@ pub const FUSE_DIRECT_IO_OPENS: &str = "lakemount_fuse_direct_io_opens_total";
 /// read-ahead fetches them.
 pub const PAGE_CACHE_FILLS: &str = "lakemount_page_cache_fills_total";
 /// Counter: bytes of the objects of [`PAGE_CACHE_FILLS`] with `result` ok:
-/// read by their readers from the page cache, with no read request.
+/// put in the page cache, where a reader reads them with no read request
+/// (bytes pushed ahead on a mount without opens may never be read).
 pub const PAGE_CACHE_FILL_BYTES: &str = "lakemount_page_cache_fill_bytes_total";
 /// Counter: objects pushed to the page cache whose kernel attributes were
 /// made stale (FUSE_NOTIFY_INVAL_INODE, pages kept), so that a loader that
