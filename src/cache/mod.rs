@@ -528,7 +528,8 @@ impl Cache {
 
     /// Fetches the slots of `span` marked in `mine`: one ranged GET for
     /// each run of adjacent ones, concurrently; each block is cached and
-    /// handed to the reads waiting for it.
+    /// handed to the reads waiting for it as its GET ends. The first error
+    /// ends the fetch (the GETs still in flight are dropped).
     async fn fetch_runs<S: ObjectStore>(
         &self,
         store: &S,
@@ -563,7 +564,10 @@ impl Cache {
                 (a, res)
             }
         });
-        for (a, res) in futures::future::join_all(fetches).await {
+        // Handed over run by run as each GET ends: a read waiting for one
+        // block does not wait for this read's other runs.
+        let mut fetches: futures::stream::FuturesUnordered<_> = fetches.collect();
+        while let Some((a, res)) = futures::StreamExt::next(&mut fetches).await {
             let data = res?;
             let mut off = 0usize;
             let mut i = a;
