@@ -20,6 +20,16 @@ fn rw(server: &TestServer, bucket: &str, staging: &Path, config: &str) -> Mount 
         .mount()
 }
 
+/// A bucket tagged `tag` on a server of its own, mounted read-write with
+/// `config` and staging in a fresh directory.
+fn private_rw(tag: &str, config: &str) -> (TestServer, String, TempDir, Mount) {
+    let server = private_server();
+    let b = bucket_on(&server, tag);
+    let staging = TempDir::new("staging");
+    let m = rw(&server, &b, &staging.0, config);
+    (server, b, staging, m)
+}
+
 /// [`rw`] with metrics served at the address returned.
 fn rw_with_metrics(
     server: &TestServer,
@@ -219,10 +229,7 @@ fn overwrite_append_pwrite_and_truncate_are_durable_at_fsync() {
 /// next fsync succeeds.
 #[test]
 fn fsync_reports_a_rejected_upload_and_keeps_the_file() {
-    let server = private_server();
-    let b = bucket_on(&server, "w-reject");
-    let staging = TempDir::new("staging");
-    let m = rw(&server, &b, &staging.0, "[write]\nretry_secs = 3600\n");
+    let (server, b, staging, m) = private_rw("w-reject", "[write]\nretry_secs = 3600\n");
     server.fail_next("PutObject", 403, 1000);
     let want = data(50_000, 3);
     let mut f = std::fs::File::create(m.p("ckpt.bin")).unwrap();
@@ -262,10 +269,7 @@ fn fail_s3(server: &TestServer, on: bool) {
 /// pending: the one nobody got the id of is aborted.
 #[test]
 fn a_create_whose_answer_was_lost_leaves_no_pending_upload() {
-    let server = private_server();
-    let b = bucket_on(&server, "w-lost");
-    let staging = TempDir::new("staging");
-    let m = rw(&server, &b, &staging.0, "[write]\npart_size = \"5MiB\"\n");
+    let (server, b, _staging, m) = private_rw("w-lost", "[write]\npart_size = \"5MiB\"\n");
     server.lose_answers("CreateMultipartUpload", 1);
     let want = data(11 << 20, 9);
     let mut f = std::fs::File::create(m.p("ck.pt")).unwrap();
@@ -284,13 +288,8 @@ fn a_create_whose_answer_was_lost_leaves_no_pending_upload() {
 #[test]
 fn an_upload_that_could_not_reach_s3_goes_soon_after_s3_is_back() {
     for status in [500, 503] {
-        let server = private_server();
-        let b = bucket_on(&server, &format!("w-back-{status}"));
-        let staging = TempDir::new("staging");
-        let m = rw(
-            &server,
-            &b,
-            &staging.0,
+        let (server, b, _staging, m) = private_rw(
+            &format!("w-back-{status}"),
             "[write]\nretry_secs = 0.5\nupload_delay_secs = 0\n",
         );
         // Created while S3 answers (a 503 to its lookup would fail the
@@ -339,13 +338,8 @@ fn an_upload_that_could_not_reach_s3_goes_soon_after_s3_is_back() {
 /// object's bytes: EIO.
 #[test]
 fn checkpoints_are_written_while_s3_cannot_be_reached() {
-    let server = private_server();
-    let b = bucket_on(&server, "w-outage");
-    let staging = TempDir::new("staging");
-    let m = rw(
-        &server,
-        &b,
-        &staging.0,
+    let (server, b, _staging, m) = private_rw(
+        "w-outage",
         "[metadata]\nttl_secs = 1\n[write]\nretry_secs = 3600\n",
     );
     std::fs::write(m.p("before.pt"), b"before").unwrap();
@@ -427,10 +421,7 @@ fn checkpoints_are_written_while_s3_cannot_be_reached() {
 /// no upload can take; a key of exactly 1,024 bytes is uploaded.
 #[test]
 fn keys_longer_than_s3_takes_are_refused_when_made() {
-    let server = private_server();
-    let b = bucket_on(&server, "w-longkey");
-    let staging = TempDir::new("staging");
-    let m = rw(&server, &b, &staging.0, "");
+    let (server, b, _staging, m) = private_rw("w-longkey", "");
     let c = "d".repeat(250);
     let dir = format!("{c}/{c}/{c}/{c}");
     std::fs::create_dir_all(m.p(&dir)).unwrap();
@@ -810,10 +801,7 @@ fn a_directory_rename_that_fails_part_way_is_undone_or_shown_as_it_is() {
 /// refuse UNSIGNED-PAYLOAD) land byte-exact too: a PUT and a multipart upload.
 #[test]
 fn signed_payload_uploads_round_trip() {
-    let server = private_server();
-    let b = bucket_on(&server, "w-signed");
-    let staging = TempDir::new("staging");
-    let m = rw(&server, &b, &staging.0, "[s3]\nsign_payload = true\n");
+    let (server, b, _staging, m) = private_rw("w-signed", "[s3]\nsign_payload = true\n");
     let small = data(10_000, 1);
     let big = data(20 << 20, 2);
     std::fs::write(m.p("small.bin"), &small).unwrap();
@@ -1211,15 +1199,7 @@ fn same_size_patches_by_passthrough_are_uploaded() {
 /// write in between is uploaded once, not again after its close.
 #[test]
 fn write_fsync_close_uploads_once() {
-    let server = private_server();
-    let b = bucket_on(&server, "w-once");
-    let staging = TempDir::new("staging");
-    let m = rw(
-        &server,
-        &b,
-        &staging.0,
-        "[write]\nupload_delay_secs = 0.2\n",
-    );
+    let (server, b, staging, m) = private_rw("w-once", "[write]\nupload_delay_secs = 0.2\n");
     let body = data(1 << 20, 51);
     let mut f = std::fs::File::create(m.p("shard.distcp")).unwrap();
     f.write_all(&body).unwrap();
