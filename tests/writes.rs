@@ -30,6 +30,27 @@ fn private_rw(tag: &str, config: &str) -> (TestServer, String, TempDir, Mount) {
     (server, b, staging, m)
 }
 
+/// renameat2(2) of `from` to `to` with RENAME_NOREPLACE, as `mv -n` asks.
+fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    let c = |p: &Path| std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    let (from, to) = (c(from), c(to));
+    // SAFETY: two valid NUL-terminated paths; renameat2 reads them only.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// [`rw`] with metrics served at the address returned.
 fn rw_with_metrics(
     server: &TestServer,
@@ -367,19 +388,7 @@ fn checkpoints_are_written_while_s3_cannot_be_reached() {
     std::fs::write(m.p("final.pt.tmp"), &want[3].1).unwrap();
     std::fs::rename(m.p("final.pt.tmp"), m.p("final.pt")).unwrap();
     std::fs::write(m.p("noreplace.tmp"), &want[4].1).unwrap();
-    let c = |p: &str| std::ffi::CString::new(m.p(p).to_str().unwrap()).unwrap();
-    let (from, to) = (c("noreplace.tmp"), c("noreplace.pt"));
-    // SAFETY: two valid C strings; renameat2 reads them only.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            from.as_ptr(),
-            libc::AT_FDCWD,
-            to.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    rename_noreplace(&m.p("noreplace.tmp"), &m.p("noreplace.pt")).unwrap();
     let append = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
@@ -640,24 +649,9 @@ fn renames_and_unlinks_keep_the_right_objects() {
         libc::ENOTDIR,
         "dir onto file",
     );
-    let (from, to) = (
-        std::ffi::CString::new(m.p("a").to_str().unwrap()).unwrap(),
-        std::ffi::CString::new(m.p("y").to_str().unwrap()).unwrap(),
-    );
-    // SAFETY: two valid NUL-terminated paths.
-    let r = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            from.as_ptr(),
-            libc::AT_FDCWD,
-            to.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    assert_eq!(r, -1);
     assert_eq!(
-        std::io::Error::last_os_error().raw_os_error(),
-        Some(libc::EEXIST)
+        rename_noreplace(&m.p("a"), &m.p("y")).map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EEXIST))
     );
     let mut listed = names(&m.path());
     listed.sort();
